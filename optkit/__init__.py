@@ -1,0 +1,16 @@
+"""optkit: spec-exact optimizers and the ONNX Gradient operator for JAX.
+
+Every optimizer is an :class:`optax.GradientTransformation` whose numbers are
+those of a published specification (see SPEC.md):
+
+- :func:`adagrad` — ONNX ``ai.onnx.preview.training::Adagrad``;
+- :func:`adam` — DirectML ``DML_ADAM_OPTIMIZER_OPERATOR_DESC`` (epsilon-hat
+  form) with ONNX Adam's ``norm_coefficient`` and ``norm_coefficient_post``;
+- :func:`momentum` — ONNX ``ai.onnx.preview.training::Momentum``;
+
+The specs' own operators, with their inputs and outputs, are in :mod:`optkit.ops`.
+"""
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__"]

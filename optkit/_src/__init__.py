@@ -1,0 +1,1 @@
+"""Private implementation of optkit. Import from :mod:`optkit` instead."""

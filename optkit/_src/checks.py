@@ -1,0 +1,230 @@
+"""Validation shared by every optkit transformation, op and graph.
+
+Every check runs in Python at construction or trace time, so a bad input fails
+before XLA sees it, with a message that names the argument or the pytree path.
+Values that are JAX tracers (for example hyperparameters under
+``optax.inject_hyperparams`` inside ``jax.jit``) cannot be inspected at trace
+time; range checks skip them, as the public docstrings say.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "concrete_float",
+    "check_scalar",
+    "check_choice",
+    "check_dtype",
+    "check_floating",
+    "check_same_structure",
+    "check_same_shapes",
+    "check_params_given",
+    "keystr",
+]
+
+
+def keystr(path: Sequence[Any]) -> str:
+    """A pytree key path as text; the root is written ``<root>``."""
+    text = jax.tree_util.keystr(tuple(path))
+    return text if text else "<root>"
+
+
+def concrete_float(value: Any) -> float | None:
+    """``value`` as a Python float if it is a concrete real scalar, else None.
+
+    Tracers (values only known when the compiled program runs) give None.
+    Raises ``TypeError`` for non-scalar arrays so that a vector passed as a
+    hyperparameter is caught early.
+    """
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, jax.core.Tracer):
+        return None
+    if isinstance(value, (np.ndarray, np.generic, jax.Array)):
+        if np.ndim(value) != 0:
+            raise TypeError(f"expected a scalar, got an array of shape {np.shape(value)}")
+        try:
+            return float(value)
+        except (jax.errors.ConcretizationTypeError, TypeError):
+            return None
+    return None
+
+
+def check_scalar(
+    name: str,
+    value: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    allow_schedule: bool = False,
+    allow_none: bool = False,
+) -> None:
+    """Check a numeric hyperparameter against a range, naming it on failure.
+
+    Args:
+      name: the argument's name as the user wrote it (used in messages).
+      value: a Python number, a 0-d array, a tracer (skipped), a callable if
+        ``allow_schedule`` (skipped: an Optax schedule), or None if ``allow_none``.
+      low, high: bounds; ``low_open``/``high_open`` exclude the bound itself.
+
+    Raises:
+      TypeError: ``value`` is not a real scalar (or schedule, where allowed).
+      ValueError: ``value`` is NaN, infinite, or outside the range.
+    """
+    if value is None:
+        if allow_none:
+            return
+        raise TypeError(f"{name} must be a number, got None")
+    if callable(value) and not isinstance(value, (jax.Array, np.ndarray, np.generic)):
+        if allow_schedule:
+            return
+        raise TypeError(f"{name} must be a number, got the callable {value!r}")
+    if isinstance(value, (str, bytes)) or (
+        hasattr(value, "dtype") and not jnp.issubdtype(value.dtype, np.number)
+        and not jnp.issubdtype(value.dtype, np.bool_)
+    ):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    if hasattr(value, "dtype") and jnp.issubdtype(value.dtype, np.complexfloating):
+        raise TypeError(f"{name} must be a real number, got a complex value")
+    try:
+        number = concrete_float(value)
+    except TypeError as err:
+        raise TypeError(f"{name} must be a scalar: {err}") from None
+    if number is None:
+        if not isinstance(value, jax.core.Tracer) and not hasattr(value, "dtype"):
+            raise TypeError(f"{name} must be a real number, got {value!r}")
+        return
+    if math.isnan(number) or math.isinf(number):
+        raise ValueError(f"{name} must be finite, got {number}")
+    if low is not None and (number < low or (low_open and number == low)):
+        raise ValueError(f"{name} must be {_range_text(low, high, low_open, high_open)}, got {number}")
+    if high is not None and (number > high or (high_open and number == high)):
+        raise ValueError(f"{name} must be {_range_text(low, high, low_open, high_open)}, got {number}")
+
+
+def _range_text(low, high, low_open, high_open) -> str:
+    if high is None:
+        return f"> {low:g}" if low_open else f">= {low:g}"
+    if low is None:
+        return f"< {high:g}" if high_open else f"<= {high:g}"
+    return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
+    """Raise ``ValueError`` naming ``name`` if ``value`` is not one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)!r}, got {value!r}")
+
+
+def check_dtype(name: str, dtype: Any) -> Any:
+    """Canonicalize an optional state dtype; it must be a floating dtype."""
+    if dtype is None:
+        return None
+    try:
+        dtype = jnp.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{name} must be a floating dtype or None, got {dtype!r}") from None
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"{name} must be a floating dtype or None, got {dtype}")
+    return jax.dtypes.canonicalize_dtype(dtype)
+
+
+def _leaf_dtype(leaf: Any):
+    if hasattr(leaf, "dtype"):
+        return jnp.dtype(leaf.dtype)
+    return jnp.result_type(leaf)
+
+
+def check_floating(tree: Any, name: str) -> None:
+    """Raise ``TypeError`` naming the first leaf of ``tree`` that is not floating point.
+
+    Python floats pass (they become weakly typed float arrays); ints, bools,
+    complex numbers and integer arrays do not.
+    """
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    for path, leaf in leaves:
+        if isinstance(leaf, (bool, int, complex)) and not isinstance(leaf, float):
+            raise TypeError(
+                f"{name} leaf at {keystr(path)} must be a floating-point array, "
+                f"got the Python {type(leaf).__name__} {leaf!r}"
+            )
+        if not hasattr(leaf, "dtype") and not isinstance(leaf, float):
+            raise TypeError(
+                f"{name} leaf at {keystr(path)} must be a floating-point array, "
+                f"got {type(leaf).__name__}"
+            )
+        dtype = _leaf_dtype(leaf)
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise TypeError(
+                f"{name} leaf at {keystr(path)} must be a floating-point array, got dtype {dtype}"
+            )
+
+
+def _paths(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> list[str]:
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
+    return [keystr(path) for path, _ in leaves]
+
+
+def check_same_structure(
+    tree: Any, reference: Any, name: str, reference_name: str
+) -> None:
+    """Raise ``ValueError`` if ``tree`` and ``reference`` are different pytrees.
+
+    The message names the first path present in one tree and not the other,
+    or the first node whose container type differs.
+    """
+    treedef = jax.tree_util.tree_structure(tree)
+    ref_treedef = jax.tree_util.tree_structure(reference)
+    if treedef == ref_treedef:
+        return
+    paths, ref_paths = _paths(tree), _paths(reference)
+    for i, (p, q) in enumerate(zip(paths, ref_paths)):
+        if p != q:
+            raise ValueError(
+                f"{name} does not match {reference_name}: leaf {i} is at {p} in {name} "
+                f"but at {q} in {reference_name}"
+            )
+    if len(paths) != len(ref_paths):
+        longer, which = (paths, name) if len(paths) > len(ref_paths) else (ref_paths, reference_name)
+        raise ValueError(
+            f"{name} does not match {reference_name}: {name} has {len(paths)} leaves and "
+            f"{reference_name} has {len(ref_paths)}; the first extra leaf is {longer[min(len(paths), len(ref_paths))]} "
+            f"in {which}"
+        )
+    raise ValueError(
+        f"{name} does not match {reference_name}: the same leaf paths but different "
+        f"container types ({treedef} vs {ref_treedef})"
+    )
+
+
+def check_same_shapes(tree: Any, reference: Any, name: str, reference_name: str) -> None:
+    """Check structure, then that every leaf of ``tree`` has its reference leaf's shape."""
+    check_same_structure(tree, reference, name, reference_name)
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    ref_leaves = jax.tree_util.tree_leaves(reference)
+    for (path, leaf), ref in zip(leaves, ref_leaves):
+        if np.shape(leaf) != np.shape(ref):
+            raise ValueError(
+                f"{name} leaf at {keystr(path)} has shape {np.shape(leaf)} but {reference_name} "
+                f"has shape {np.shape(ref)} there"
+            )
+
+
+def check_params_given(params: Any, transformation: str, reason: str) -> None:
+    """Raise ``ValueError`` if ``params`` is None where the algorithm needs them."""
+    if params is None:
+        raise ValueError(
+            f"{transformation}: params=None, but {reason} needs the parameters; "
+            f"call update(grads, state, params)"
+        )
