@@ -11,6 +11,23 @@ those of a published specification (see SPEC.md):
 The specs' own operators, with their inputs and outputs, are in :mod:`optkit.ops`.
 """
 
+from optkit import ops
+from optkit._src.adagrad import ScaleByOnnxAdagradState, adagrad, scale_by_onnx_adagrad
+from optkit._src.adam import ScaleByDmlAdamState, adam, scale_by_dml_adam
+from optkit._src.momentum import ScaleByOnnxMomentumState, momentum, scale_by_onnx_momentum
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "__version__",
+    "ops",
+    "adagrad",
+    "scale_by_onnx_adagrad",
+    "ScaleByOnnxAdagradState",
+    "adam",
+    "scale_by_dml_adam",
+    "ScaleByDmlAdamState",
+    "momentum",
+    "scale_by_onnx_momentum",
+    "ScaleByOnnxMomentumState",
+]

@@ -27,6 +27,7 @@ __all__ = [
     "check_same_shapes",
     "check_params_given",
     "keystr",
+    "check_update_inputs",
 ]
 
 
@@ -197,10 +198,10 @@ def check_same_structure(
             )
     if len(paths) != len(ref_paths):
         longer, which = (paths, name) if len(paths) > len(ref_paths) else (ref_paths, reference_name)
+        extra = longer[min(len(paths), len(ref_paths))]
         raise ValueError(
             f"{name} does not match {reference_name}: {name} has {len(paths)} leaves and "
-            f"{reference_name} has {len(ref_paths)}; the first extra leaf is {longer[min(len(paths), len(ref_paths))]} "
-            f"in {which}"
+            f"{reference_name} has {len(ref_paths)}; the first extra leaf is {extra} in {which}"
         )
     raise ValueError(
         f"{name} does not match {reference_name}: the same leaf paths but different "
@@ -228,3 +229,27 @@ def check_params_given(params: Any, transformation: str, reason: str) -> None:
             f"{transformation}: params=None, but {reason} needs the parameters; "
             f"call update(grads, state, params)"
         )
+
+
+def check_update_inputs(
+    transformation: str,
+    updates: Any,
+    state_trees: dict[str, Any],
+    params: Any,
+    params_needed_for: str | None,
+) -> None:
+    """The checks every optkit ``update_fn`` makes at trace time.
+
+    ``updates`` must be floating; each tree of ``state_trees`` (named as the
+    user would write it, e.g. ``"state.mu"``) and ``params`` (when given) must
+    have the same structure and shapes as ``updates``. ``params_needed_for``,
+    when not None, says which term needs ``params`` so that None is an error.
+    """
+    check_floating(updates, "updates")
+    for name, tree in state_trees.items():
+        check_same_shapes(tree, updates, name, "updates")
+    if params is None:
+        if params_needed_for is not None:
+            check_params_given(params, transformation, params_needed_for)
+    else:
+        check_same_shapes(params, updates, "params", "updates")

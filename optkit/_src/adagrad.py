@@ -1,0 +1,199 @@
+"""Adagrad exactly as ONNX ``ai.onnx.preview.training::Adagrad`` defines it (SPEC.md section 1)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optkit._src import checks
+from optkit._src.ops import (
+    adagrad_decay,
+    adagrad_leaf,
+    compute_dtype,
+    is_concrete_zero,
+    map_leaves,
+    params_needed_for,
+)
+
+__all__ = ["ScaleByOnnxAdagradState", "scale_by_onnx_adagrad", "adagrad"]
+
+
+class ScaleByOnnxAdagradState(NamedTuple):
+    """State of :func:`scale_by_onnx_adagrad`.
+
+    Attributes:
+      count: int32 scalar, the number of updates made so far (ONNX's ``T``
+        before this update; 0 at the first).
+      sum_of_squares: the accumulated squared regularized gradients (ONNX's
+        ``H``), one array per parameter, in ``accumulator_dtype`` or the
+        parameter's dtype.
+    """
+
+    count: jax.Array
+    sum_of_squares: optax.Updates
+
+
+def scale_by_onnx_adagrad(
+    *,
+    decay_factor: float = 0.0,
+    norm_coefficient: float = 0.0,
+    eps: float = 1e-6,
+    initial_accumulator_value: float = 0.0,
+    accumulator_dtype: Any = None,
+) -> optax.GradientTransformation:
+    """ONNX Adagrad's direction, before the learning rate (SPEC.md section 1).
+
+    For each parameter ``X`` with gradient ``G`` and accumulator ``H``, with
+    ``T`` the number of updates already made (``state.count``)::
+
+        G_reg = norm_coefficient * X + G
+        H_new = H + G_reg * G_reg
+        update = G_reg / (sqrt(H_new) + eps) / (1 + T * decay_factor)
+
+    Chained with ``optax.scale_by_learning_rate(R)`` (as :func:`adagrad` does)
+    the update is ONNX's ``X_new - X``. With ``eps = 0`` a coordinate where
+    ``G_reg`` and ``H_new`` are both 0 gets update 0 (SPEC 1, Decision (0/0)).
+
+    Args:
+      decay_factor: ONNX ``decay_factor``: the learning rate is divided by
+        ``1 + T * decay_factor``; >= 0.
+      norm_coefficient: ONNX ``norm_coefficient``, the L2 coefficient added to
+        the gradient; >= 0. When not 0, ``update`` needs ``params``.
+      eps: ONNX ``epsilon``, added to ``sqrt(H_new)``; >= 0. Default 1e-6, the
+        ONNX schema's default (SPEC 1, Decision (epsilon default)).
+      initial_accumulator_value: the starting value of ``H``; >= 0.
+      accumulator_dtype: dtype of ``H`` (e.g. ``jnp.float32`` for bfloat16
+        parameters); None keeps each parameter's dtype. Arithmetic runs in
+        float32 or wider either way.
+
+    Returns:
+      An ``optax.GradientTransformation`` with state :class:`ScaleByOnnxAdagradState`.
+      Updates have the gradients' dtypes.
+
+    Raises:
+      ValueError: a hyperparameter out of range (at construction); at
+        ``update``: trees or shapes of grads, state and params that differ (the
+        message names the path), or ``params=None`` with a nonzero
+        ``norm_coefficient``.
+      TypeError: a non-floating gradient or parameter leaf, or a non-floating
+        ``accumulator_dtype``.
+
+    Example:
+      >>> import jax.numpy as jnp, optax, optkit
+      >>> tx = optax.chain(optkit.scale_by_onnx_adagrad(), optax.scale_by_learning_rate(0.1))
+      >>> params = {"w": jnp.ones(3)}
+      >>> state = tx.init(params)
+      >>> updates, state = tx.update({"w": jnp.ones(3)}, state, params)
+    """
+    checks.check_scalar("decay_factor", decay_factor, low=0.0)
+    checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0)
+    checks.check_scalar("eps", eps, low=0.0)
+    checks.check_scalar("initial_accumulator_value", initial_accumulator_value, low=0.0)
+    accumulator_dtype = checks.check_dtype("accumulator_dtype", accumulator_dtype)
+    params_reason = params_needed_for("norm_coefficient", norm_coefficient)
+    use_params = params_reason is not None
+    use_decay = not is_concrete_zero(decay_factor)
+
+    def init_fn(params):
+        checks.check_floating(params, "params")
+        sum_of_squares = jax.tree.map(
+            lambda p: jnp.full(
+                jnp.shape(p), initial_accumulator_value,
+                dtype=accumulator_dtype or jnp.asarray(p).dtype,
+            ),
+            params,
+        )
+        return ScaleByOnnxAdagradState(count=jnp.zeros([], jnp.int32), sum_of_squares=sum_of_squares)
+
+    def update_fn(updates, state, params=None):
+        checks.check_update_inputs(
+            "scale_by_onnx_adagrad", updates, {"state.sum_of_squares": state.sum_of_squares},
+            params, params_reason,
+        )
+
+        def leaf(g, h, x):
+            dtype = compute_dtype(g.dtype, h.dtype, None if x is None else x.dtype)
+            direction, h_new = adagrad_leaf(
+                g, h, x, eps=eps, norm_coefficient=norm_coefficient, dtype=dtype
+            )
+            if use_decay:
+                direction = direction * adagrad_decay(state.count, decay_factor, dtype)
+            return direction.astype(g.dtype), h_new.astype(h.dtype)
+
+        new_updates, sum_of_squares = map_leaves(
+            leaf, 2, updates, state.sum_of_squares, params if use_params else None
+        )
+        count = optax.safe_increment(state.count)
+        return new_updates, ScaleByOnnxAdagradState(count=count, sum_of_squares=sum_of_squares)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def adagrad(
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    decay_factor: float = 0.0,
+    norm_coefficient: float = 0.0,
+    eps: float = 1e-6,
+    initial_accumulator_value: float = 0.0,
+    accumulator_dtype: Any = None,
+) -> optax.GradientTransformation:
+    """Adagrad exactly as ONNX ``ai.onnx.preview.training::Adagrad`` (version 1) defines it.
+
+    ``optax.apply_updates(X, updates)`` gives ONNX's ``X_new`` (SPEC.md section 1)::
+
+        r     = R / (1 + T * decay_factor)
+        G_reg = norm_coefficient * X + G
+        H_new = H + G_reg * G_reg
+        X_new = X - r * G_reg / (sqrt(H_new) + epsilon)
+
+    with ``T`` the number of updates already made (0 at the first update).
+
+    How it differs from its neighbours: ``optax.adagrad`` divides by
+    ``sqrt(H + eps)`` (eps inside the root), starts ``H`` at 0.1 and has no
+    decay or L2 term; ``torch.optim.Adagrad(lr, lr_decay=decay_factor,
+    weight_decay=norm_coefficient, eps=eps)`` computes this same formula.
+
+    Args:
+      learning_rate: ONNX ``R``, >= 0: a float or an Optax schedule
+        ``count -> rate``.
+      decay_factor: ONNX ``decay_factor``, >= 0.
+      norm_coefficient: ONNX ``norm_coefficient``, >= 0 (needs ``params``
+        in ``update`` when not 0).
+      eps: ONNX ``epsilon``, >= 0; default 1e-6 (the schema's default).
+      initial_accumulator_value: starting value of ``H``, >= 0.
+      accumulator_dtype: dtype of ``H``; None keeps each parameter's dtype.
+
+    Returns:
+      An ``optax.GradientTransformation``: ``optax.chain`` of
+      :func:`scale_by_onnx_adagrad` and ``optax.scale_by_learning_rate``.
+      Every numeric argument works under ``optax.inject_hyperparams``
+      (values traced under ``jax.jit`` are not range-checked).
+
+    Raises:
+      ValueError, TypeError: as :func:`scale_by_onnx_adagrad`, and for a
+      negative ``learning_rate``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, optax, optkit
+      >>> params = {"w": jnp.array([1.0, -2.0])}
+      >>> tx = optkit.adagrad(0.1)
+      >>> state = tx.init(params)
+      >>> grads = jax.grad(lambda p: jnp.sum(p["w"] ** 2))(params)
+      >>> updates, state = tx.update(grads, state, params)
+      >>> params = optax.apply_updates(params, updates)
+    """
+    checks.check_scalar("learning_rate", learning_rate, low=0.0, allow_schedule=True)
+    return optax.chain(
+        scale_by_onnx_adagrad(
+            decay_factor=decay_factor,
+            norm_coefficient=norm_coefficient,
+            eps=eps,
+            initial_accumulator_value=initial_accumulator_value,
+            accumulator_dtype=accumulator_dtype,
+        ),
+        optax.scale_by_learning_rate(learning_rate),
+    )

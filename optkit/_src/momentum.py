@@ -1,0 +1,165 @@
+"""Momentum exactly as ONNX ``ai.onnx.preview.training::Momentum`` defines it (SPEC.md section 4)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optkit._src import checks
+from optkit._src.ops import compute_dtype, map_leaves, momentum_leaf, params_needed_for
+
+__all__ = ["ScaleByOnnxMomentumState", "scale_by_onnx_momentum", "momentum"]
+
+
+class ScaleByOnnxMomentumState(NamedTuple):
+    """State of :func:`scale_by_onnx_momentum`.
+
+    Attributes:
+      count: int32 scalar, the number of updates made so far (ONNX's ``T``;
+        0 at the first update, where ``beta`` is replaced by 1).
+      trace: the momenta (ONNX's ``V``), in ``accumulator_dtype`` or each
+        parameter's dtype.
+    """
+
+    count: jax.Array
+    trace: optax.Updates
+
+
+def scale_by_onnx_momentum(
+    alpha: float = 0.9,
+    beta: float = 1.0,
+    *,
+    nesterov: bool = False,
+    norm_coefficient: float = 0.0,
+    accumulator_dtype: Any = None,
+) -> optax.GradientTransformation:
+    """ONNX Momentum's direction, before the learning rate (SPEC.md section 4).
+
+    With ``T = count`` (0 at the first update)::
+
+        G_reg    = norm_coefficient * X + G
+        beta_adj = beta if T > 0 else 1
+        V_new    = alpha * V + beta_adj * G_reg
+        update   = V_new                       (standard)
+        update   = G_reg + alpha * V_new       (nesterov)
+
+    Args:
+      alpha: ONNX ``alpha``, the decay of the momentum, >= 0.
+      beta: ONNX ``beta``, the gradient's coefficient from the second update on, >= 0.
+      nesterov: ONNX ``mode``: False for "standard", True for "nesterov".
+      norm_coefficient: ONNX ``norm_coefficient``, >= 0; needs ``params`` when not 0.
+      accumulator_dtype: dtype of ``V``; None keeps each parameter's dtype.
+
+    Returns:
+      An ``optax.GradientTransformation`` with state :class:`ScaleByOnnxMomentumState`.
+
+    Raises:
+      ValueError: a negative hyperparameter (at construction); mismatched trees
+        or ``params=None`` with ``norm_coefficient != 0`` (at update).
+      TypeError: non-floating leaves, a non-bool ``nesterov``.
+
+    Example:
+      >>> import jax.numpy as jnp, optax, optkit
+      >>> tx = optax.chain(optkit.scale_by_onnx_momentum(0.9), optax.scale_by_learning_rate(0.1))
+      >>> state = tx.init({"w": jnp.ones(3)})
+    """
+    checks.check_scalar("alpha", alpha, low=0.0)
+    checks.check_scalar("beta", beta, low=0.0)
+    checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0)
+    if not isinstance(nesterov, bool):
+        raise TypeError(f"nesterov must be a bool, got {nesterov!r}")
+    accumulator_dtype = checks.check_dtype("accumulator_dtype", accumulator_dtype)
+    params_reason = params_needed_for("norm_coefficient", norm_coefficient)
+    use_params = params_reason is not None
+
+    def init_fn(params):
+        checks.check_floating(params, "params")
+        trace = optax.tree.zeros_like(params, dtype=accumulator_dtype)
+        return ScaleByOnnxMomentumState(count=jnp.zeros([], jnp.int32), trace=trace)
+
+    def update_fn(updates, state, params=None):
+        checks.check_update_inputs(
+            "scale_by_onnx_momentum", updates, {"state.trace": state.trace},
+            params, params_reason,
+        )
+
+        def leaf(g, v, x):
+            dtype = compute_dtype(g.dtype, v.dtype, None if x is None else x.dtype)
+            beta_adj = jnp.where(state.count > 0, jnp.asarray(beta, dtype), jnp.ones([], dtype))
+            direction, v_new = momentum_leaf(
+                g, v, x, alpha=alpha, beta_adj=beta_adj, nesterov=nesterov,
+                norm_coefficient=norm_coefficient, dtype=dtype,
+            )
+            return direction.astype(g.dtype), v_new.astype(v.dtype)
+
+        new_updates, trace = map_leaves(
+            leaf, 2, updates, state.trace, params if use_params else None
+        )
+        count = optax.safe_increment(state.count)
+        return new_updates, ScaleByOnnxMomentumState(count=count, trace=trace)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def momentum(
+    learning_rate: optax.ScalarOrSchedule,
+    alpha: float = 0.9,
+    beta: float = 1.0,
+    *,
+    nesterov: bool = False,
+    norm_coefficient: float = 0.0,
+    accumulator_dtype: Any = None,
+) -> optax.GradientTransformation:
+    """Momentum exactly as ONNX ``ai.onnx.preview.training::Momentum`` (version 1) defines it.
+
+    ``optax.apply_updates(X, updates)`` gives (SPEC.md section 4), with ``T``
+    the number of updates already made::
+
+        G_reg    = norm_coefficient * X + G
+        beta_adj = beta if T > 0 else 1
+        V_new    = alpha * V + beta_adj * G_reg
+        standard: X_new = X - R * V_new
+        nesterov: X_new = X - R * (G_reg + alpha * V_new)
+
+    How it differs from its neighbours: with ``beta = 1`` and standard mode it
+    is ``optax.sgd(R, momentum=alpha)`` and ``torch.optim.SGD(lr=R,
+    momentum=alpha)``; ``beta = 1 - alpha`` gives the exponential-average form
+    (except the first step, where ONNX uses the full gradient). ONNX's
+    Nesterov form equals ``optax.sgd(..., nesterov=True)`` and PyTorch's.
+
+    Args:
+      learning_rate: ONNX ``R``, >= 0: a float or an Optax schedule.
+      alpha: ONNX ``alpha``, >= 0.
+      beta: ONNX ``beta``, >= 0.
+      nesterov: ONNX ``mode == "nesterov"``.
+      norm_coefficient: ONNX ``norm_coefficient``, >= 0.
+      accumulator_dtype: dtype of ``V``; None keeps each parameter's dtype.
+
+    Returns:
+      An ``optax.GradientTransformation``: ``optax.chain`` of
+      :func:`scale_by_onnx_momentum` and ``optax.scale_by_learning_rate``.
+
+    Raises:
+      ValueError, TypeError: as :func:`scale_by_onnx_momentum`, and for a
+      negative ``learning_rate``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, optax, optkit
+      >>> params = {"w": jnp.array([1.0, -2.0])}
+      >>> tx = optkit.momentum(0.1, alpha=0.9)
+      >>> state = tx.init(params)
+      >>> grads = jax.grad(lambda p: jnp.sum(p["w"] ** 2))(params)
+      >>> updates, state = tx.update(grads, state, params)
+      >>> params = optax.apply_updates(params, updates)
+    """
+    checks.check_scalar("learning_rate", learning_rate, low=0.0, allow_schedule=True)
+    return optax.chain(
+        scale_by_onnx_momentum(
+            alpha, beta, nesterov=nesterov, norm_coefficient=norm_coefficient,
+            accumulator_dtype=accumulator_dtype,
+        ),
+        optax.scale_by_learning_rate(learning_rate),
+    )

@@ -1,0 +1,31 @@
+"""The specs' own operators: inputs and outputs exactly as ONNX and DirectML define them.
+
+- :func:`onnx_adagrad` — ONNX ``ai.onnx.preview.training::Adagrad`` (SPEC 1)
+- :func:`onnx_adam` — ONNX ``ai.onnx.preview.training::Adam`` (SPEC 3)
+- :func:`dml_adam` — DirectML ``DML_ADAM_OPTIMIZER_OPERATOR_DESC`` (SPEC 2)
+- :func:`onnx_momentum` — ONNX ``ai.onnx.preview.training::Momentum`` (SPEC 4)
+
+Each takes several tensors at once as any pytree (a list is ONNX's variadic form).
+"""
+
+from optkit._src.ops import (
+    DmlAdamOutputs,
+    OnnxAdagradOutputs,
+    OnnxAdamOutputs,
+    OnnxMomentumOutputs,
+    dml_adam,
+    onnx_adagrad,
+    onnx_adam,
+    onnx_momentum,
+)
+
+__all__ = [
+    "onnx_adagrad",
+    "onnx_adam",
+    "dml_adam",
+    "onnx_momentum",
+    "OnnxAdagradOutputs",
+    "OnnxAdamOutputs",
+    "DmlAdamOutputs",
+    "OnnxMomentumOutputs",
+]
