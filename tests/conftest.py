@@ -1,5 +1,6 @@
 """Shared pytest configuration: hypothesis profiles sized for a 2-core CI machine."""
 
+
 import os
 
 from hypothesis import HealthCheck, settings

@@ -1,0 +1,120 @@
+"""optkit transformations inside Optax combinators and Flax, like any Optax optimizer."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from absl.testing import parameterized
+
+import optkit
+
+PARAMS = {"w": jnp.array([[0.5, -1.0], [2.0, 0.25]]), "b": jnp.array([0.1, -0.2])}
+
+
+def _grads(t):
+    return jax.tree.map(lambda p: jnp.sin(p * 3.0 + t) + 0.1 * t, PARAMS)
+
+
+FACTORIES = {
+    "adagrad": lambda: optkit.adagrad(0.1, decay_factor=0.1, norm_coefficient=0.01),
+    "adam": lambda: optkit.adam(0.05, norm_coefficient=0.01, norm_coefficient_post=0.01),
+    "momentum": lambda: optkit.momentum(0.1, 0.9, 0.5, nesterov=True, norm_coefficient=0.01),
+}
+
+
+def _run(tx, grads_seq, params=PARAMS, jit=True):
+    state = tx.init(params)
+    update = jax.jit(tx.update) if jit else tx.update
+    for g in grads_seq:
+        updates, state = update(g, state, params)
+        params = optax.apply_updates(params, updates)
+    return params, state
+
+
+class CompositionTest(chex.TestCase):
+    @parameterized.parameters(*FACTORIES)
+    def test_chain_with_clip_by_global_norm(self, name):
+        grads = [_grads(t) for t in range(5)]
+        got, _ = _run(optax.chain(optax.clip_by_global_norm(0.5), FACTORIES[name]()), grads)
+        clipped = [jax.tree.map(lambda g, n=optax.tree.norm(gs): g * jnp.minimum(1.0, 0.5 / n), gs)
+                   for gs in grads]
+        want, _ = _run(FACTORIES[name](), clipped)
+        chex.assert_trees_all_close(got, want, rtol=1e-6)
+
+    @parameterized.parameters(*FACTORIES)
+    def test_multi_steps_averages_then_steps(self, name):
+        micro = [_grads(t) for t in range(6)]
+        got, _ = _run(optax.MultiSteps(FACTORIES[name](), every_k_schedule=3), micro)
+        means = [jax.tree.map(lambda *g: sum(g) / 3, *micro[i : i + 3]) for i in (0, 3)]
+        want, _ = _run(FACTORIES[name](), means)
+        chex.assert_trees_all_close(got, want, rtol=1e-5)
+
+    @parameterized.parameters(*FACTORIES)
+    def test_masked(self, name):
+        mask = {"w": True, "b": False}
+        tx = optax.masked(FACTORIES[name](), mask)
+        state = tx.init(PARAMS)
+        updates, _ = jax.jit(tx.update)(_grads(1), state, PARAMS)
+        # Unmasked leaves pass through untouched; masked ones get the optimizer's update.
+        chex.assert_trees_all_equal(updates["b"], _grads(1)["b"])
+        inner = FACTORIES[name]()
+        inner_updates, _ = inner.update({"w": _grads(1)["w"]}, inner.init({"w": PARAMS["w"]}), {"w": PARAMS["w"]})
+        chex.assert_trees_all_close(updates["w"], inner_updates["w"], rtol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(
+        (optkit.adagrad, dict(learning_rate=0.1, decay_factor=0.1, norm_coefficient=0.01, eps=1e-6,
+                              initial_accumulator_value=0.1)),
+        (optkit.adam, dict(learning_rate=0.05, b1=0.8, b2=0.99, eps=1e-6, norm_coefficient=0.01,
+                           norm_coefficient_post=0.01)),
+        (optkit.momentum, dict(learning_rate=0.1, alpha=0.8, beta=0.5, norm_coefficient=0.01)),
+    )
+    def test_inject_hyperparams_every_numeric_argument(self, factory, kwargs):
+        """Every numeric hyperparameter can be injected and gives the same numbers."""
+        grads = [_grads(t) for t in range(4)]
+        want, _ = _run(factory(**kwargs), grads, jit=False)
+        tx = optax.inject_hyperparams(factory)(**kwargs)
+        state = tx.init(PARAMS)
+        assert set(kwargs) <= set(state.hyperparams)
+        params = PARAMS
+        update = self.variant(tx.update)
+        for g in grads:
+            updates, state = update(g, state, params)
+            params = optax.apply_updates(params, updates)
+        chex.assert_trees_all_close(params, want, rtol=1e-5, atol=1e-6)
+
+    def test_inject_hyperparams_learning_rate_can_change(self):
+        tx = optax.inject_hyperparams(optkit.adam)(learning_rate=0.1)
+        state = tx.init(PARAMS)
+        updates, state = tx.update(_grads(0), state, PARAMS)
+        state.hyperparams["learning_rate"] = jnp.asarray(0.0)
+        updates, state = jax.jit(tx.update)(_grads(1), state, PARAMS)
+        chex.assert_trees_all_equal(updates, jax.tree.map(jnp.zeros_like, updates))
+
+    def test_inject_hyperparams_without_params_names_the_argument(self):
+        tx = optax.inject_hyperparams(optkit.adagrad)(learning_rate=0.1)
+        state = tx.init(PARAMS)
+        with pytest.raises(ValueError, match="norm_coefficient"):
+            jax.jit(tx.update)(_grads(0), state)
+        tx = optax.inject_hyperparams(optkit.adagrad, static_args=("norm_coefficient",))(learning_rate=0.1)
+        updates, _ = jax.jit(tx.update)(_grads(0), tx.init(PARAMS))
+        assert np.all(np.isfinite(updates["w"]))
+
+    def test_flax_nnx_optimizer_step(self):
+        from flax import nnx
+
+        model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+        x, y = jnp.ones((4, 3)), jnp.zeros((4, 2))
+        loss = lambda m: jnp.mean((m(x) - y) ** 2)  # noqa: E731
+        before = nnx.state(model, nnx.Param)
+        before = jax.tree.map(jnp.array, nnx.to_pure_dict(before))
+        grads = nnx.grad(loss)(model)
+        opt = nnx.Optimizer(model, optkit.adam(0.1), wrt=nnx.Param)
+        opt.update(model, grads)
+        after = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        g = nnx.to_pure_dict(grads)
+        tx = optkit.adam(0.1)
+        want_updates, _ = tx.update(g, tx.init(before), before)
+        chex.assert_trees_all_close(after, optax.apply_updates(before, want_updates), rtol=1e-6)
