@@ -213,7 +213,7 @@ class ParamsAndStateTest(chex.TestCase):
         for tx in (optkit.adagrad(0.1), optkit.adam(0.1), optkit.momentum(0.1)):
             params = {"a": jnp.ones(3)}
             state = tx.init(params)
-            updates, _ = self.variant(lambda g, s: tx.update(g, s))(params, state)
+            updates, _ = self.variant(lambda g, s, tx=tx: tx.update(g, s))(params, state)
             assert np.all(np.isfinite(updates["a"]))
 
     @chex.variants(with_jit=True, without_jit=True)
