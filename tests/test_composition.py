@@ -63,12 +63,12 @@ class CompositionTest(chex.TestCase):
         chex.assert_trees_all_close(updates["w"], inner_updates["w"], rtol=1e-6)
 
     @chex.variants(with_jit=True, without_jit=True)
-    @parameterized.parameters(
-        (optkit.adagrad, dict(learning_rate=0.1, decay_factor=0.1, norm_coefficient=0.01, eps=1e-6,
+    @parameterized.named_parameters(
+        ("adagrad", optkit.adagrad, dict(learning_rate=0.1, decay_factor=0.1, norm_coefficient=0.01, eps=1e-6,
                               initial_accumulator_value=0.1)),
-        (optkit.adam, dict(learning_rate=0.05, b1=0.8, b2=0.99, eps=1e-6, norm_coefficient=0.01,
+        ("adam", optkit.adam, dict(learning_rate=0.05, b1=0.8, b2=0.99, eps=1e-6, norm_coefficient=0.01,
                            norm_coefficient_post=0.01)),
-        (optkit.momentum, dict(learning_rate=0.1, alpha=0.8, beta=0.5, norm_coefficient=0.01)),
+        ("momentum", optkit.momentum, dict(learning_rate=0.1, alpha=0.8, beta=0.5, norm_coefficient=0.01)),
     )
     def test_inject_hyperparams_every_numeric_argument(self, factory, kwargs):
         """Every numeric hyperparameter can be injected and gives the same numbers."""
