@@ -1,0 +1,49 @@
+"""optkit.onnx: run ONNX training graphs (Gradient, Adagrad, Adam, Momentum) on XLA.
+
+ONNX Runtime's CPU build cannot load the ``ai.onnx.preview.training``
+operators, and ONNX's reference evaluator has no Gradient. This module loads
+an ONNX model into an :class:`optkit.Graph` (its Gradient nodes become Graph
+Gradient nodes, SPEC 6; its Adagrad, Adam and Momentum nodes call
+:mod:`optkit.ops`, SPEC 1, 3, 4) and runs it as one jitted JAX function.
+
+Install with the extra ``optkit[onnx]``; ``import optkit`` alone does not
+import ``onnx``.
+
+- :func:`load_model` — read (file, bytes, ModelProto) and ``onnx.checker`` a model;
+- :func:`to_graph` — the model as an :class:`optkit.Graph`;
+- :func:`prepare` / :class:`BackendRep` — load once, :meth:`BackendRep.run` many times;
+- :func:`run_model`, :func:`run_node` — one-off runs;
+- :class:`Backend` — an ``onnx.backend.base.Backend`` for ONNX's test runner;
+- :func:`supported_ops` — the op table's ``(domain, op_type, since_version)`` rows;
+- :class:`UnsupportedOpError` — raised for operators, versions or types optkit does not run.
+
+Example:
+  >>> import numpy as np, optkit.onnx
+  >>> from onnx import TensorProto, helper
+  >>> f = lambda n, s: helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+  >>> node = helper.make_node("Gradient", ["x"], ["dy_dx"], domain="ai.onnx.preview.training",
+  ...                         xs=["x"], y="y")
+  >>> graph = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["y"]), node], "g",
+  ...                           [f("x", [2])], [f("dy_dx", [2])])
+  >>> model = helper.make_model(graph, opset_imports=[
+  ...     helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.preview.training", 1)])
+  >>> optkit.onnx.run_model(model, [np.array([1.0, 3.0], np.float32)])
+  Outputs(dy_dx=array([2., 6.], dtype=float32))
+"""
+
+from optkit.onnx._backend import Backend, BackendRep, prepare, run_model, run_node
+from optkit.onnx._loader import InputInfo, load_model, to_graph
+from optkit.onnx._table import UnsupportedOpError, supported_ops
+
+__all__ = [
+    "Backend",
+    "BackendRep",
+    "InputInfo",
+    "UnsupportedOpError",
+    "load_model",
+    "prepare",
+    "run_model",
+    "run_node",
+    "supported_ops",
+    "to_graph",
+]

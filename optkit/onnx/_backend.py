@@ -1,0 +1,315 @@
+"""``onnx.backend.base`` Backend and BackendRep: run an ONNX model as one jitted JAX function.
+
+ONNX's own test runner (``onnx.backend.test.BackendTest``) drives
+:class:`Backend`; :class:`BackendRep` is also the way to run a training graph
+step after step from Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import onnx
+import onnx.backend.base
+import onnx.defs
+from onnx import helper
+
+from optkit.onnx._loader import Converted, InputInfo, ModelSource, convert, load_model
+from optkit.onnx._table import TRAINING_DOMAIN, normalize_domain
+
+__all__ = ["Backend", "BackendRep", "prepare", "run_model", "run_node"]
+
+
+def _device(device: str) -> jax.Device:
+    """The JAX device for an ONNX device string (``"CPU"``, ``"CUDA"``, ``"CUDA:1"``)."""
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a string such as 'CPU' or 'CUDA:0', got {device!r}")
+    kind, _, index = device.partition(":")
+    platform = {"CPU": "cpu", "CUDA": "gpu"}.get(kind.upper())
+    if platform is None:
+        raise ValueError(f"device must be 'CPU' or 'CUDA[:index]', got {device!r}")
+    try:
+        devices = jax.devices(platform)
+    except RuntimeError:
+        raise ValueError(f"device {device!r}: JAX has no {platform} backend here") from None
+    i = int(index) if index else 0
+    if not 0 <= i < len(devices):
+        raise ValueError(f"device {device!r}: JAX sees {len(devices)} {platform} device(s)")
+    return devices[i]
+
+
+class BackendRep(onnx.backend.base.BackendRep):
+    """A loaded ONNX model, ready to run as one compiled JAX function.
+
+    Loading (at construction) reads and checks the model and maps every node
+    (see :func:`optkit.onnx.to_graph`), so an unsupported operator or an
+    invalid node fails here. :meth:`run` checks the feeds against the
+    declared graph inputs (dtype exactly, as ONNX Runtime does; every fixed
+    dimension; a symbolic dimension the same size wherever it appears) before
+    anything runs, then calls the compiled graph: the first call for a new
+    input signature traces and compiles it (including Gradient nodes), later
+    calls reuse it.
+
+    Runs happen in JAX's 64-bit mode (``jax.enable_x64``), since ONNX graphs
+    use INT64 step counts, shapes and indices, and DOUBLE; FLOAT tensors stay
+    float32.
+
+    Args:
+      model: a ``ModelProto``, its bytes, a path or a binary file object.
+      device: ``"CPU"`` (default) or ``"CUDA[:index]"`` (a JAX GPU device).
+      jit: compile the graph with ``jax.jit`` (default). ``False`` runs it op
+        by op (faster for a graph run once, as in conformance tests); the
+        whole graph is still traced abstractly first, so a shape error is
+        raised before any op runs.
+
+    Attributes:
+      model: the checked ``onnx.ModelProto``.
+      graph: the :class:`optkit.Graph` it was mapped to.
+      inputs: the graph inputs (:class:`InputInfo`: name, dtype, shape), in
+        ``graph.input`` order.
+      outputs: the output names, in ``graph.output`` order.
+
+    Raises:
+      ValueError, UnsupportedOpError: as :func:`optkit.onnx.to_graph`; a bad device.
+
+    Example:
+      >>> import numpy as np, optkit.onnx
+      >>> from onnx import TensorProto, helper
+      >>> info = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N"])
+      >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [info("x")], [info("y")])
+      >>> rep = optkit.onnx.prepare(helper.make_model(g))
+      >>> rep.run([np.array([-1.0, 2.0], np.float32)])
+      Outputs(y=array([0., 2.], dtype=float32))
+    """
+
+    def __init__(self, model: ModelSource, device: str = "CPU", *, jit: bool = True) -> None:
+        self.model = load_model(model)
+        self.device = _device(device)
+        self._jit = bool(jit)
+        converted: Converted = convert(self.model)
+        self.graph = converted.graph
+        self.inputs: tuple[InputInfo, ...] = converted.inputs
+        self.outputs: tuple[str, ...] = converted.outputs
+        self._static = converted.static_inputs
+        self._by_name = {info.name: info for info in self.inputs}
+        self._result_type = onnx.backend.base.namedtupledict("Outputs", list(self.outputs))
+        self._functions: dict[Any, Any] = {}
+        self._checked: set[Any] = set()
+
+    # -------------------------------------------------------------- feeding
+
+    def _feeds(self, inputs: Any) -> dict[str, Any]:
+        """Name the fed values: a sequence maps onto ``graph.input`` in order, a mapping by name."""
+        if isinstance(inputs, Mapping):
+            unknown = [name for name in inputs if name not in self._by_name]
+            if unknown:
+                raise ValueError(f"feed {unknown[0]!r} is not a graph input; the inputs are "
+                                 f"{[info.name for info in self.inputs]}")
+            feeds = dict(inputs)
+        else:
+            if isinstance(inputs, (np.ndarray, jax.Array)) or not isinstance(inputs, Sequence):
+                inputs = [inputs]
+            if len(inputs) > len(self.inputs):
+                raise ValueError(f"got {len(inputs)} values but the model has {len(self.inputs)} "
+                                 f"inputs {[info.name for info in self.inputs]}")
+            feeds = {info.name: value for info, value in zip(self.inputs, inputs)}
+        missing = [info.name for info in self.inputs if info.name not in feeds and not info.has_default]
+        if missing:
+            raise ValueError(f"graph inputs {missing} are not fed (and have no initializer default); "
+                             f"feed {len(self.inputs)} values in graph.input order "
+                             f"{[info.name for info in self.inputs]} or a dict by name")
+        return {name: self._check(self._by_name[name], value) for name, value in feeds.items()}
+
+    def _check(self, info: InputInfo, value: Any) -> Any:
+        if isinstance(value, (bool, int, float, list, tuple)):
+            converted = np.asarray(value)
+            kind = converted.dtype.kind
+            if kind not in "biuf" or (kind == "f" and info.dtype.kind != "f"):
+                raise TypeError(f"graph input {info.name!r} is declared {info.dtype}; cannot feed "
+                                f"the Python value {value!r}")
+            value = converted.astype(info.dtype)
+        elif not isinstance(value, (np.ndarray, np.generic, jax.Array)):
+            raise TypeError(f"graph input {info.name!r}: feed a NumPy or JAX array, got "
+                            f"{type(value).__name__}")
+        dtype = np.dtype(value.dtype)
+        if dtype != info.dtype:
+            raise TypeError(f"graph input {info.name!r} is declared {info.dtype}, fed {dtype}; "
+                            f"ONNX does not convert types implicitly: cast the value first")
+        if info.shape is not None:
+            shape = tuple(np.shape(value))
+            if len(shape) != len(info.shape) or any(
+                isinstance(d, int) and d != s for d, s in zip(info.shape, shape)
+            ):
+                raise ValueError(f"graph input {info.name!r} is declared with shape "
+                                 f"{info.shape_text()}, fed shape {shape}")
+        return value
+
+    def _check_symbols(self, feeds: Mapping[str, Any]) -> None:
+        bound: dict[str, tuple[int, str]] = {}
+        for name, value in feeds.items():
+            shape = self._by_name[name].shape
+            if shape is None:
+                continue
+            for axis, (dim, size) in enumerate(zip(shape, np.shape(value))):
+                if isinstance(dim, str):
+                    if dim in bound and bound[dim][0] != size:
+                        first, where = bound[dim]
+                        raise ValueError(f"dimension {dim!r} is {first} in {where} but {size} in axis "
+                                         f"{axis} of graph input {name!r}")
+                    bound.setdefault(dim, (size, f"axis {axis} of graph input {name!r}"))
+
+    # -------------------------------------------------------------- running
+
+    def _function(self, static: dict[str, np.ndarray], dynamic: tuple[str, ...]):
+        key = (dynamic, tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
+        fn = self._functions.get(key)
+        if fn is None:
+            graph, outputs = self.graph, self.outputs
+
+            def graph_function(*values):
+                feeds = dict(zip(dynamic, values))
+                feeds.update(static)
+                result = graph.evaluate(feeds, outputs)
+                return tuple(result[name] for name in outputs)
+
+            fn = jax.jit(graph_function) if self._jit else graph_function
+            self._functions[key] = fn
+        return fn
+
+    def run(self, inputs: Any, *, as_numpy: bool = True, **kwargs: Any) -> tuple[Any, ...]:
+        """Run the model on ``inputs``; the outputs in ``graph.output`` order.
+
+        Args:
+          inputs: one value per graph input in ``graph.input`` order (inputs
+            with an initializer default may be left off the end), or a dict
+            from input names to values. Values are NumPy or JAX arrays of the
+            declared dtype (Python numbers and lists are converted to it).
+          as_numpy: return NumPy arrays (default), or JAX arrays that stay on
+            the device (to feed back into the next step without a copy).
+
+        Returns:
+          A named tuple of the outputs (index it, or by output name).
+
+        Raises:
+          TypeError: a value of the wrong dtype, or not an array.
+          ValueError: a wrong shape, an unknown or missing input, or (before
+            anything runs) an error the graph raises while it is traced.
+        """
+        if kwargs:
+            raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
+        feeds = self._feeds(inputs)
+        self._check_symbols(feeds)
+        static = {name: np.asarray(value) for name, value in feeds.items() if name in self._static}
+        dynamic = tuple(name for name in feeds if name not in self._static)
+        with jax.enable_x64(True):
+            values = [jax.device_put(feeds[name], self.device) for name in dynamic]
+            fn = self._function(static, dynamic)
+            if not self._jit:
+                signature = (id(fn), tuple((np.shape(v), np.dtype(v.dtype).str) for v in values))
+                if signature not in self._checked:
+                    jax.eval_shape(fn, *values)  # trace the whole graph before running any op
+                    self._checked.add(signature)
+            with jax.default_device(self.device):
+                results = fn(*values)
+        if as_numpy:
+            results = [np.asarray(r) for r in results]
+        return self._result_type(*results)
+
+    def __repr__(self) -> str:
+        return (f"BackendRep(inputs={[info.name for info in self.inputs]}, outputs={list(self.outputs)}, "
+                f"device={self.device}, jit={self._jit})")
+
+
+class Backend(onnx.backend.base.Backend):
+    """optkit as an ONNX backend: ONNX models, training operators included, run on XLA.
+
+    ``prepare`` returns a :class:`BackendRep`; ``run_model`` and ``run_node``
+    are one-off runs. ONNX's test runner drives it::
+
+        import onnx.backend.test, optkit.onnx
+        tests = onnx.backend.test.BackendTest(optkit.onnx.Backend, __name__)
+
+    Source: SPEC sections 1, 3, 4, 6 and "Conformance data"; ``onnx.backend.base``.
+    """
+
+    @classmethod
+    def prepare(cls, model: ModelSource, device: str = "CPU", **kwargs: Any) -> BackendRep:
+        """Load ``model`` for repeated runs; ``kwargs``: ``jit`` (see :class:`BackendRep`)."""
+        return BackendRep(model, device, **kwargs)
+
+    @classmethod
+    def run_model(cls, model: ModelSource, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:
+        """Load and run ``model`` once on ``inputs``; the outputs in ``graph.output`` order."""
+        return cls.prepare(model, device, **kwargs).run(inputs)
+
+    @classmethod
+    def run_node(
+        cls,
+        node: onnx.NodeProto,
+        inputs: Any,
+        device: str = "CPU",
+        outputs_info: Sequence[tuple[Any, tuple[int, ...]]] | None = None,
+        **kwargs: Any,
+    ) -> tuple[Any, ...]:
+        """Run one node on ``inputs`` (one value per non-empty node input, or a dict by name).
+
+        The node is wrapped in a model importing ``opset_version`` (keyword;
+        default the newest opset) for the default domain, and version 1 of
+        ``ai.onnx.preview.training`` for a training operator.
+        """
+        opset_version = kwargs.pop("opset_version", onnx.defs.onnx_opset_version())
+        names = [name for name in node.input if name]
+        if isinstance(inputs, Mapping):
+            values = [inputs[name] for name in names]
+        else:
+            values = list(inputs)
+            if len(values) != len(names):
+                raise ValueError(f"node {node.op_type} has {len(names)} inputs {names}, got {len(values)} values")
+        graph_inputs = [
+            helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype),
+                                          np.shape(v))
+            for name, v in zip(names, values)
+        ]
+        graph_outputs = []
+        for i, name in enumerate(o for o in node.output if o):
+            if outputs_info is not None and i < len(outputs_info):
+                dtype, shape = outputs_info[i]
+                graph_outputs.append(helper.make_tensor_value_info(
+                    name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape))
+            else:
+                graph_outputs.append(helper.make_empty_tensor_value_info(name))
+        imports = [helper.make_opsetid("", opset_version)]
+        if normalize_domain(node.domain) == TRAINING_DOMAIN:
+            imports.append(helper.make_opsetid(TRAINING_DOMAIN, 1))
+        model = helper.make_model(
+            helper.make_graph([node], f"run_node_{node.op_type}", graph_inputs, graph_outputs),
+            opset_imports=imports,
+        )
+        return cls.prepare(model, device, **kwargs).run(values)
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        """True for ``"CPU"``, and for ``"CUDA[:i]"`` when JAX has that GPU."""
+        try:
+            _device(device)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+
+def prepare(model: ModelSource, device: str = "CPU", **kwargs: Any) -> BackendRep:
+    """``Backend.prepare``: load ``model`` (path, bytes or ModelProto) into a :class:`BackendRep`."""
+    return Backend.prepare(model, device, **kwargs)
+
+
+def run_model(model: ModelSource, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:
+    """``Backend.run_model``: load ``model`` and run it once on ``inputs``."""
+    return Backend.run_model(model, inputs, device, **kwargs)
+
+
+def run_node(node: onnx.NodeProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:
+    """``Backend.run_node``: run one ONNX node on ``inputs``."""
+    return Backend.run_node(node, inputs, device, **kwargs)

@@ -1,0 +1,372 @@
+"""The op table: ONNX operators mapped to JAX, keyed by ``(domain, op_type, since_version)``.
+
+A *handler* is registered for each operator version it implements (ONNX bumps
+an operator's ``since_version`` when its semantics or its type list change).
+For a node of a model that imports opset ``N`` for the node's domain,
+:func:`lookup` picks the handler with the newest ``since_version <= N``, and
+refuses it when ONNX defines a newer version of the operator at opset ``N``
+that optkit does not implement (the operator changed after the handler was
+written), so a model never runs under outdated semantics.
+
+A handler is a *builder*: called once per node at load time with a
+:class:`NodeContext` (the node's parsed attributes, with the schema's
+defaults filled in), it validates the node and returns a JAX function of the
+node's input values (None for an absent optional input) that returns the
+node's output value, or a tuple with one value per output.
+
+Values known before running (initializers, ``Constant`` outputs, ``Shape``
+outputs, and whatever is computed from those alone) flow through the graph as
+NumPy arrays; inputs that ONNX passes as tensors but XLA needs as static
+values (``Reshape``'s ``shape``, ``Unsqueeze``'s ``axes``...) are read with
+:func:`static_value`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import onnx
+import onnx.defs
+from onnx import TensorProto, helper, numpy_helper
+
+__all__ = [
+    "DEFAULT_DOMAIN",
+    "TRAINING_DOMAIN",
+    "UnsupportedOpError",
+    "OpSpec",
+    "NodeContext",
+    "register",
+    "lookup",
+    "supported_ops",
+    "parse_attributes",
+    "onnx_dtype",
+    "dtype_name",
+    "static_value",
+    "is_static",
+    "normalize_domain",
+    "domain_text",
+]
+
+DEFAULT_DOMAIN = ""
+TRAINING_DOMAIN = "ai.onnx.preview.training"
+
+
+class UnsupportedOpError(NotImplementedError):
+    """An ONNX operator, operator version, attribute value or type that optkit does not run.
+
+    The message names the operator type, its domain and the model's opset
+    version for that domain (and the node, where there is one).
+    """
+
+
+def normalize_domain(domain: str) -> str:
+    """``"ai.onnx"`` and ``""`` are the same (default) domain; the table uses ``""``."""
+    return DEFAULT_DOMAIN if domain in ("", "ai.onnx") else domain
+
+
+def domain_text(domain: str) -> str:
+    """The domain as people write it: ``ai.onnx`` for the default domain."""
+    return "ai.onnx" if normalize_domain(domain) == DEFAULT_DOMAIN else domain
+
+
+# ---------------------------------------------------------------------------
+# dtypes
+
+# The element types a handler may see. Strings, complex numbers and the
+# 2-, 4-, 6- and 8-bit floating/integer formats are refused at load time:
+# their ONNX cast/saturation rules are not implemented.
+_DTYPES: dict[int, np.dtype] = {
+    TensorProto.FLOAT: np.dtype(np.float32),
+    TensorProto.DOUBLE: np.dtype(np.float64),
+    TensorProto.FLOAT16: np.dtype(np.float16),
+    TensorProto.BFLOAT16: np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16)),
+    TensorProto.INT8: np.dtype(np.int8),
+    TensorProto.INT16: np.dtype(np.int16),
+    TensorProto.INT32: np.dtype(np.int32),
+    TensorProto.INT64: np.dtype(np.int64),
+    TensorProto.UINT8: np.dtype(np.uint8),
+    TensorProto.UINT16: np.dtype(np.uint16),
+    TensorProto.UINT32: np.dtype(np.uint32),
+    TensorProto.UINT64: np.dtype(np.uint64),
+    TensorProto.BOOL: np.dtype(np.bool_),
+}
+
+
+def dtype_name(elem_type: int) -> str:
+    """The ONNX name of an element type (``FLOAT``, ``INT64``...)."""
+    try:
+        return TensorProto.DataType.Name(elem_type)
+    except ValueError:
+        return f"<unknown element type {elem_type}>"
+
+
+def onnx_dtype(elem_type: int, what: str) -> np.dtype:
+    """The NumPy dtype of ONNX element type ``elem_type``; ``what`` names its use in errors.
+
+    Raises:
+      UnsupportedOpError: a type optkit does not run (strings, complex, float8...).
+    """
+    if elem_type not in _DTYPES:
+        supported = ", ".join(dtype_name(t) for t in _DTYPES)
+        raise UnsupportedOpError(f"{what} has element type {dtype_name(elem_type)}, which optkit does "
+                                 f"not run; supported: {supported}")
+    return _DTYPES[elem_type]
+
+
+# ---------------------------------------------------------------------------
+# static values
+
+
+def is_static(value: Any) -> bool:
+    """True for a value known before running: a NumPy array or scalar (not a JAX value)."""
+    return isinstance(value, (np.ndarray, np.generic))
+
+
+def static_value(value: Any, ctx: NodeContext, what: str) -> np.ndarray | None:
+    """``value`` as a NumPy array, for an input that XLA needs before running.
+
+    A shape, a list of axes... must be a compile-time constant under
+    ``jax.jit``: an initializer, a ``Constant`` node's output, a ``Shape``
+    output, or a tensor computed from those alone.
+
+    Raises:
+      ValueError: ``value`` is only known when the compiled program runs.
+    """
+    if value is None:
+        return None
+    if is_static(value):
+        return np.asarray(value)
+    if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer):
+        return np.asarray(value)
+    raise ValueError(ctx.message(
+        f"input {what!r} must be known before the graph runs (an initializer, a Constant node's "
+        f"output, a Shape output, or a tensor computed from those alone), but it is computed "
+        f"at run time from a traced value"))
+
+
+# ---------------------------------------------------------------------------
+# attributes
+
+
+def _attribute_value(attr: onnx.AttributeProto, where: str) -> Any:
+    kind = attr.type
+    if kind in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+        raise UnsupportedOpError(f"{where}: attribute {attr.name!r} is a sub-graph; optkit does "
+                                 f"not run control flow (If, Loop, Scan)")
+    if kind in (onnx.AttributeProto.SPARSE_TENSOR, onnx.AttributeProto.SPARSE_TENSORS):
+        raise UnsupportedOpError(f"{where}: attribute {attr.name!r} is a sparse tensor, which "
+                                 f"optkit does not run")
+    if kind in (onnx.AttributeProto.TYPE_PROTO, onnx.AttributeProto.TYPE_PROTOS):
+        raise UnsupportedOpError(f"{where}: attribute {attr.name!r} is a type proto, which optkit "
+                                 f"does not run")
+    value = helper.get_attribute_value(attr)
+    if kind == onnx.AttributeProto.STRING:
+        return value.decode("utf-8")
+    if kind == onnx.AttributeProto.STRINGS:
+        return [v.decode("utf-8") for v in value]
+    if kind == onnx.AttributeProto.TENSOR:
+        onnx_dtype(value.data_type, f"{where}: attribute {attr.name!r}")
+        return numpy_helper.to_array(value)
+    if kind == onnx.AttributeProto.TENSORS:
+        return [numpy_helper.to_array(v) for v in value]
+    if kind == onnx.AttributeProto.INTS:
+        return [int(v) for v in value]
+    if kind == onnx.AttributeProto.FLOATS:
+        return [float(v) for v in value]
+    return value
+
+
+def parse_attributes(
+    node: onnx.NodeProto, schema: onnx.defs.OpSchema | None, where: str
+) -> dict[str, Any]:
+    """The node's attributes as Python values, with the schema's defaults for absent ones.
+
+    STRING(S) become ``str``, TENSOR a NumPy array, INTS/FLOATS lists. An
+    attribute the schema requires and the node lacks is an error here, so a
+    model that skipped ``onnx.checker`` still fails before running.
+
+    Raises:
+      ValueError: a required attribute is missing or one is given twice.
+      UnsupportedOpError: a sub-graph, sparse-tensor or type attribute.
+    """
+    attrs: dict[str, Any] = {}
+    for attr in node.attribute:
+        if attr.name in attrs:
+            raise ValueError(f"{where}: attribute {attr.name!r} is given twice")
+        if attr.ref_attr_name:
+            raise UnsupportedOpError(f"{where}: attribute {attr.name!r} refers to a function "
+                                     f"attribute; optkit runs graphs, not function bodies")
+        attrs[attr.name] = _attribute_value(attr, where)
+    if schema is not None:
+        for name, spec in schema.attributes.items():
+            if name in attrs:
+                continue
+            if spec.required:
+                raise ValueError(f"{where}: the required attribute {name!r} is missing "
+                                 f"(ONNX schema {schema.domain or 'ai.onnx'}::{schema.name}-"
+                                 f"{schema.since_version})")
+            if spec.default_value.type != onnx.AttributeProto.UNDEFINED:
+                attrs[name] = _attribute_value(spec.default_value, where)
+    return attrs
+
+
+# ---------------------------------------------------------------------------
+# nodes and the table
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeContext:
+    """What a handler knows about its node at load time.
+
+    Attributes:
+      op_type, domain: the operator (domain ``""`` is ``ai.onnx``).
+      version: the ``since_version`` of the operator version being run.
+      opset: the model's opset version for the node's domain.
+      name: the node's name (or ``op_type#index`` when it has none).
+      inputs, outputs: the node's tensor names; ``""`` is an absent optional one.
+      attrs: the attributes, with the schema's defaults filled in.
+    """
+
+    op_type: str
+    domain: str
+    version: int
+    opset: int
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any]
+
+    @property
+    def where(self) -> str:
+        return (f"node {self.name!r} ({domain_text(self.domain)}::{self.op_type}-{self.version}, "
+                f"opset {self.opset})")
+
+    def message(self, text: str) -> str:
+        return f"{self.where}: {text}"
+
+    def error(self, text: str) -> ValueError:
+        """A ValueError that names this node; raise it."""
+        return ValueError(self.message(text))
+
+    def unsupported(self, text: str) -> UnsupportedOpError:
+        """An UnsupportedOpError that names this node; raise it."""
+        return UnsupportedOpError(self.message(text))
+
+    def has_input(self, i: int) -> bool:
+        """True if optional input ``i`` is given (present and not ``""``)."""
+        return i < len(self.inputs) and bool(self.inputs[i])
+
+    def has_output(self, i: int) -> bool:
+        """True if optional output ``i`` is asked for."""
+        return i < len(self.outputs) and bool(self.outputs[i])
+
+
+Builder = Callable[[NodeContext], Callable[..., Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """One row of the table.
+
+    Attributes:
+      domain, op_type, since_version: the key.
+      build: the handler: ``build(ctx) -> fn``; None for Gradient, which the
+        loader maps onto :meth:`optkit.Graph.add_gradient` itself.
+      static_inputs: positions of inputs that must be known before running.
+      static_outputs: True if the outputs are known before running whatever
+        the inputs (``Shape``: shapes are static in XLA).
+    """
+
+    domain: str
+    op_type: str
+    since_version: int
+    build: Builder | None = dataclasses.field(repr=False)
+    static_inputs: tuple[int, ...] = ()
+    static_outputs: bool = False
+
+
+_TABLE: dict[tuple[str, str, int], OpSpec] = {}
+_VERSIONS: dict[tuple[str, str], list[int]] = {}
+
+
+def register(
+    op_type: str,
+    *since_versions: int,
+    domain: str = DEFAULT_DOMAIN,
+    static_inputs: Sequence[int] = (),
+    static_outputs: bool = False,
+) -> Callable[[Builder], Builder]:
+    """Decorator: register a handler for each listed ``since_version`` of ``domain::op_type``.
+
+    List every version whose semantics the handler implements, including
+    versions that only added types, so that :func:`lookup` can tell an
+    implemented version from a newer one.
+    """
+    domain = normalize_domain(domain)
+    if not since_versions:
+        raise ValueError(f"register({op_type!r}): give at least one since_version")
+
+    def decorate(build: Builder) -> Builder:
+        for version in since_versions:
+            key = (domain, op_type, int(version))
+            if key in _TABLE:
+                raise ValueError(f"{key} is registered twice")
+            _TABLE[key] = OpSpec(domain, op_type, int(version), build, tuple(static_inputs), static_outputs)
+            _VERSIONS.setdefault((domain, op_type), []).append(int(version))
+            _VERSIONS[(domain, op_type)].sort()
+        return build
+
+    return decorate
+
+
+def register_marker(op_type: str, *since_versions: int, domain: str) -> None:
+    """Register an operator the loader maps itself (Gradient): a row with ``build=None``."""
+    domain = normalize_domain(domain)
+    for version in since_versions:
+        _TABLE[(domain, op_type, version)] = OpSpec(domain, op_type, version, None)
+        _VERSIONS.setdefault((domain, op_type), []).append(version)
+
+
+def lookup(domain: str, op_type: str, opset: int, *, where: str | None = None) -> OpSpec:
+    """The handler for ``domain::op_type`` in a model importing ``opset`` for ``domain``.
+
+    Picks the registered ``since_version`` that is the newest one ``<= opset``.
+
+    Raises:
+      UnsupportedOpError: no handler for the operator, none old enough, or
+        ONNX defines a newer version of the operator at this opset than the
+        newest one optkit implements. The message names the operator type,
+        the domain and the opset version.
+    """
+    domain = normalize_domain(domain)
+    prefix = f"{where}: " if where else ""
+    op_text = f"{domain_text(domain)}::{op_type} at opset {opset} (domain {domain_text(domain)!r})"
+    versions = _VERSIONS.get((domain, op_type))
+    if not versions:
+        known = sorted(op for d, op in _VERSIONS if d == domain)
+        hint = (f"; optkit runs these {domain_text(domain)} operators: {', '.join(known)}" if known
+                else f"; optkit runs no operator of domain {domain_text(domain)!r}")
+        raise UnsupportedOpError(f"{prefix}unsupported operator {op_text}{hint}")
+    usable = [v for v in versions if v <= opset]
+    if not usable:
+        raise UnsupportedOpError(f"{prefix}unsupported operator version: {op_text}; optkit "
+                                 f"implements {op_type} versions {versions}")
+    chosen = usable[-1]
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        schema = None
+    if schema is not None and schema.since_version > chosen:
+        raise UnsupportedOpError(
+            f"{prefix}unsupported operator version: {op_text} is {op_type}-{schema.since_version}; "
+            f"optkit implements {op_type} versions {versions}")
+    return _TABLE[(domain, op_type, chosen)]
+
+
+def supported_ops() -> list[tuple[str, str, int]]:
+    """Every ``(domain, op_type, since_version)`` in the table, sorted; domain ``""`` is ai.onnx."""
+    return sorted(_TABLE)
