@@ -1,0 +1,331 @@
+"""The op table of optkit.onnx: lookup by opset, attributes, dtypes, static values, and the
+operator versions ONNX's node cases do not reach (they use each operator's newest version).
+
+Single-node models are checked against ``onnx.reference.ReferenceEvaluator``,
+compiled and not.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+
+import onnx.defs  # noqa: E402
+import onnx.reference  # noqa: E402
+import onnx.shape_inference  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
+
+import optkit.onnx  # noqa: E402
+from optkit.onnx import _table  # noqa: E402
+
+JIT = [pytest.param(True, id="jit"), pytest.param(False, id="nojit")]
+
+
+def _info(name, dtype, shape):
+    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape)
+
+
+def _node_model(op, feeds, attrs=None, opset=17, n_outputs=1, initializers=()):
+    """A one-node model whose inputs are ``feeds`` (name -> array) plus ``initializers``."""
+    inputs = [_info(name, value.dtype, value.shape) for name, value in feeds.items()]
+    inits = [onnx.numpy_helper.from_array(value, name) for name, value in initializers]
+    names = list(feeds) + [name for name, _ in initializers]
+    outputs = [f"out{i}" for i in range(n_outputs)]
+    node = helper.make_node(op, names, outputs, **(attrs or {}))
+    graph = helper.make_graph([node], "g", inputs, [helper.make_value_info(o, onnx.TypeProto()) for o in outputs],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return onnx.shape_inference.infer_shapes(model)  # types the outputs, as the checker requires
+
+
+def _check_against_reference(model, feeds, jit, rtol=1e-6):
+    want = onnx.reference.ReferenceEvaluator(model).run(None, feeds)
+    got = optkit.onnx.prepare(model, jit=jit).run(feeds)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------
+# the table
+
+
+def test_every_row_is_an_onnx_operator_version():
+    """Each (domain, op_type, since_version) row is a version ONNX defines, so lookup can tell
+    an implemented version from a newer one."""
+    rows = optkit.onnx.supported_ops()
+    assert len(rows) > 150
+    for domain, op, version in rows:
+        schema = onnx.defs.get_schema(op, version, domain)
+        assert schema.since_version == version, (domain, op, version)
+
+
+def test_required_operators_are_in_the_table():
+    ops = {op for _, op, _ in optkit.onnx.supported_ops()}
+    required = """Add Sub Mul Div Neg Abs Pow Sqrt Exp Log Relu LeakyRelu Sigmoid Tanh Softmax LogSoftmax
+        MatMul Gemm Conv MaxPool AveragePool GlobalAveragePool Flatten Reshape Transpose Concat Identity
+        Constant ReduceSum ReduceMean ReduceMax Cast Gather Unsqueeze Squeeze SoftmaxCrossEntropyLoss
+        NegativeLogLikelihoodLoss Adagrad Adam Momentum Gradient""".split()
+    assert not set(required) - ops
+
+
+@pytest.mark.parametrize("op, opset, version", [
+    ("Softmax", 11, 11), ("Softmax", 12, 11), ("Softmax", 13, 13), ("Softmax", 21, 13),
+    ("ReduceSum", 12, 11), ("ReduceSum", 13, 13), ("ReduceMean", 17, 13), ("ReduceMean", 18, 18),
+    ("Add", 7, 7), ("Add", 13, 13), ("Add", 25, 14), ("Unsqueeze", 12, 11), ("Unsqueeze", 13, 13),
+])
+def test_lookup_picks_newest_version_not_above_opset(op, opset, version):
+    assert _table.lookup("", op, opset).since_version == version
+    assert _table.lookup("ai.onnx", op, opset).since_version == version
+
+
+def test_lookup_refuses_a_newer_onnx_version_it_does_not_implement(monkeypatch):
+    monkeypatch.setitem(_table._VERSIONS, ("", "Relu"), [6, 13])  # as if Relu-14 were not implemented
+    assert _table.lookup("", "Relu", 13).since_version == 13
+    with pytest.raises(optkit.onnx.UnsupportedOpError, match=r"Relu \(domain 'ai.onnx', opset 14\) means Relu-14"):
+        _table.lookup("", "Relu", 14)
+
+
+def test_lookup_errors_name_type_domain_and_opset():
+    with pytest.raises(optkit.onnx.UnsupportedOpError, match=r"Erf \(domain 'ai.onnx', opset 13\)"):
+        _table.lookup("", "Erf", 13)
+    with pytest.raises(optkit.onnx.UnsupportedOpError, match=r"Adam \(domain 'ai.onnx', opset 13\)"):
+        _table.lookup("", "Adam", 13)
+    with pytest.raises(optkit.onnx.UnsupportedOpError, match=r"Softmax \(domain 'ai.onnx', opset 0\)"):
+        _table.lookup("", "Softmax", 0)
+
+
+def test_parse_attributes_fills_schema_defaults_and_decodes():
+    node = helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], mode="nesterov", alpha=0.5,
+                            beta=1.0, norm_coefficient=0.0, domain=_table.TRAINING_DOMAIN)
+    schema = onnx.defs.get_schema("Momentum", 1, _table.TRAINING_DOMAIN)
+    attrs = _table.parse_attributes(node, schema, "here")
+    assert attrs == {"mode": "nesterov", "alpha": 0.5, "beta": 1.0, "norm_coefficient": 0.0}
+    node = helper.make_node("Adagrad", ["R", "T", "X", "G", "H"], ["Y", "W"], domain=_table.TRAINING_DOMAIN)
+    attrs = _table.parse_attributes(node, onnx.defs.get_schema("Adagrad", 1, _table.TRAINING_DOMAIN), "here")
+    assert attrs == {"decay_factor": 0.0, "epsilon": pytest.approx(1e-6), "norm_coefficient": 0.0}
+    del node.attribute[:]
+    node = helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], domain=_table.TRAINING_DOMAIN)
+    with pytest.raises(ValueError, match="here: the required attribute '.*' is missing"):
+        _table.parse_attributes(node, schema, "here")
+
+
+@pytest.mark.parametrize("elem_type, dtype", [
+    (TensorProto.FLOAT, np.float32), (TensorProto.DOUBLE, np.float64), (TensorProto.INT64, np.int64),
+    (TensorProto.BOOL, np.bool_), (TensorProto.FLOAT16, np.float16), (TensorProto.UINT8, np.uint8),
+    (TensorProto.BFLOAT16, jnp.bfloat16),
+])
+def test_onnx_dtype(elem_type, dtype):
+    assert _table.onnx_dtype(elem_type, "x") == np.dtype(dtype)
+
+
+@pytest.mark.parametrize("elem_type", [TensorProto.STRING, TensorProto.FLOAT8E4M3FN, TensorProto.INT4,
+                                       TensorProto.COMPLEX64])
+def test_onnx_dtype_refuses(elem_type):
+    name = TensorProto.DataType.Name(elem_type)
+    with pytest.raises(optkit.onnx.UnsupportedOpError, match=f"x has element type {name}"):
+        _table.onnx_dtype(elem_type, "x")
+
+
+def test_cast_to_unsupported_type_fails_at_load():
+    model = _node_model("Cast", {"x": np.zeros(2, np.float32)}, {"to": TensorProto.FLOAT8E5M2})
+    with pytest.raises(optkit.onnx.UnsupportedOpError, match="attribute 'to' has element type FLOAT8E5M2"):
+        optkit.onnx.prepare(model)
+
+
+# ---------------------------------------------------------------------------
+# operator versions below the newest (ONNX's node cases use the newest)
+
+RNG = np.random.default_rng(0)
+X345 = RNG.normal(size=(3, 4, 5)).astype(np.float32)
+
+
+def _softmax_2d(x, axis, log):
+    """Softmax before opset 13: x coerced to 2-D [prod(shape[:axis]), prod(shape[axis:])], rows
+    normalized (written out here: ReferenceEvaluator implements only the opset-13 form)."""
+    axis %= x.ndim
+    flat = x.reshape(int(np.prod(x.shape[:axis])), -1).astype(np.float64)
+    flat = flat - flat.max(axis=1, keepdims=True)
+    out = flat - np.log(np.exp(flat).sum(axis=1, keepdims=True)) if log else \
+        np.exp(flat) / np.exp(flat).sum(axis=1, keepdims=True)
+    return out.reshape(x.shape)
+
+
+@pytest.mark.parametrize("jit", JIT)
+@pytest.mark.parametrize("op, opset, axis", [
+    ("Softmax", 11, None), ("Softmax", 11, 2), ("Softmax", 11, -2), ("Softmax", 1, 0),
+    ("LogSoftmax", 11, 0), ("LogSoftmax", 12, None),
+])
+def test_softmax_before_opset_13_coerces_to_2d(op, opset, axis, jit):
+    model = _node_model(op, {"x": X345}, {} if axis is None else {"axis": axis}, opset=opset)
+    (got,) = optkit.onnx.prepare(model, jit=jit).run([X345])
+    np.testing.assert_allclose(got, _softmax_2d(X345, 1 if axis is None else axis, op == "LogSoftmax"),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("jit", JIT)
+@pytest.mark.parametrize("op, opset, attrs", [
+    ("Softmax", 13, {"axis": 1}),  # a single axis from opset 13
+    ("LogSoftmax", 13, {}),
+    ("ReduceSum", 11, {"axes": [0, 2], "keepdims": 0}),
+    ("ReduceMean", 13, {"axes": [-1]}),
+    ("ReduceMax", 12, {}),
+    ("Flatten", 9, {"axis": 2}),
+    ("Unsqueeze", 11, {"axes": [0, -1]}),
+    ("LeakyRelu", 6, {"alpha": 0.2}),
+])
+def test_older_operator_versions(op, opset, attrs, jit):
+    _check_against_reference(_node_model(op, {"x": X345}, attrs, opset=opset), {"x": X345}, jit)
+
+
+@pytest.mark.parametrize("jit", JIT)
+def test_squeeze_with_axes_attribute(jit):
+    x = RNG.normal(size=(1, 3, 1)).astype(np.float32)
+    _check_against_reference(_node_model("Squeeze", {"x": x}, {"axes": [-1]}, opset=11), {"x": x}, jit)
+    _check_against_reference(_node_model("Squeeze", {"x": x}, opset=11), {"x": x}, jit)
+
+
+@pytest.mark.parametrize("jit", JIT)
+def test_axes_input_from_initializer(jit):
+    """Axes given as an input (opset 13/18) from an initializer are read at load time."""
+    axes = ("axes", np.array([1], np.int64))
+    for op, opset in [("ReduceSum", 13), ("ReduceMean", 18), ("ReduceMax", 18), ("Unsqueeze", 13)]:
+        model = _node_model(op, {"x": X345}, opset=opset, initializers=[axes])
+        _check_against_reference(model, {"x": X345}, jit)
+
+
+@pytest.mark.parametrize("jit", JIT)
+def test_gemm_with_every_attribute(jit):
+    feeds = {"a": RNG.normal(size=(4, 3)).astype(np.float32), "b": RNG.normal(size=(5, 4)).astype(np.float32),
+             "c": RNG.normal(size=(1, 5)).astype(np.float32)}
+    attrs = {"transA": 1, "transB": 1, "alpha": 0.5, "beta": -2.0}
+    for opset in (9, 11, 13):
+        _check_against_reference(_node_model("Gemm", feeds, attrs, opset=opset), feeds, jit)
+
+
+def _numpy_conv(x, w, b, strides, pads, dilations, group):
+    """ONNX Conv written out as loops (ReferenceEvaluator does not run group > 1)."""
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    oh = (xp.shape[2] - (kh - 1) * dilations[0] - 1) // strides[0] + 1
+    ow = (xp.shape[3] - (kw - 1) * dilations[1] - 1) // strides[1] + 1
+    y = np.zeros((n, m, oh, ow))
+    for o in range(m):
+        g = o // (m // group)
+        for i in range(oh):
+            for j in range(ow):
+                patch = xp[:, g * cg:(g + 1) * cg,
+                           i * strides[0]:i * strides[0] + (kh - 1) * dilations[0] + 1:dilations[0],
+                           j * strides[1]:j * strides[1] + (kw - 1) * dilations[1] + 1:dilations[1]]
+                y[:, o, i, j] = np.sum(patch * w[o], axis=(1, 2, 3)) + b[o]
+    return y
+
+
+@pytest.mark.parametrize("jit", JIT)
+def test_conv_groups_dilations_and_asymmetric_pads(jit):
+    x, w = RNG.normal(size=(2, 4, 7, 6)).astype(np.float32), RNG.normal(size=(6, 2, 3, 2)).astype(np.float32)
+    b = RNG.normal(size=6).astype(np.float32)
+    attrs = {"group": 2, "dilations": [2, 1], "strides": [1, 2], "pads": [1, 0, 2, 1]}
+    model = _node_model("Conv", {"x": x, "w": w, "b": b}, attrs, opset=11)
+    (got,) = optkit.onnx.prepare(model, jit=jit).run([x, w, b])
+    np.testing.assert_allclose(got, _numpy_conv(x, w, b, [1, 2], [1, 0, 2, 1], [2, 1], 2), rtol=1e-5, atol=1e-5)
+    # SAME_LOWER: output ceil(in / stride), the odd padding at the beginning.
+    model = _node_model("Conv", {"x": x, "w": w, "b": b}, {"auto_pad": "SAME_LOWER", "strides": [2, 1], "group": 2})
+    (got,) = optkit.onnx.prepare(model, jit=jit).run([x, w, b])
+    np.testing.assert_allclose(got, _numpy_conv(x, w, b, [2, 1], [1, 1, 1, 0], [1, 1], 2), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("jit", JIT)
+def test_pools_at_opset_11(jit):
+    x = RNG.normal(size=(1, 2, 6, 5)).astype(np.float32)
+    for op, attrs in [("MaxPool", {"kernel_shape": [3, 2], "strides": [2, 2], "ceil_mode": 1}),
+                      ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1,
+                                       "ceil_mode": 1, "strides": [2, 2]}),
+                      ("AveragePool", {"kernel_shape": [2, 2], "pads": [0, 1, 1, 0]})]:
+        _check_against_reference(_node_model(op, {"x": x}, attrs, opset=11), {"x": x}, jit)
+
+
+# ---------------------------------------------------------------------------
+# static values: shapes and axes XLA needs before running
+
+
+def _reshape_from_shape_model():
+    """Y = Reshape(X, Concat(Gather(Shape(X), 0), [-1])): PyTorch-style shape arithmetic."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("zero", TensorProto.INT64, [1], [0])),
+        helper.make_node("Gather", ["s", "zero"], ["batch"]),
+        helper.make_node("Constant", [], ["minus_one"], value_ints=[-1]),
+        helper.make_node("Concat", ["batch", "minus_one"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "g", [_info("x", np.float32, ["N", 4, 5])], [_info("y", np.float32, ["N", 20])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("jit", JIT)
+def test_shape_arithmetic_is_folded(jit):
+    rep = optkit.onnx.prepare(_reshape_from_shape_model(), jit=jit)
+    for n in (3, 2):
+        x = RNG.normal(size=(n, 4, 5)).astype(np.float32)
+        np.testing.assert_array_equal(rep.run([x])[0], x.reshape(n, 20))
+
+
+def test_static_input_fed_at_run_time_compiles_per_value():
+    """A Reshape shape that is a graph input becomes a compile-time constant, one compile per value."""
+    x = np.arange(12, dtype=np.float32)
+    model = _node_model("Reshape", {"x": x, "shape": np.array([3, 4], np.int64)})
+    rep = optkit.onnx.prepare(model)
+    for shape in ([3, 4], [2, -1], [3, 4]):
+        np.testing.assert_array_equal(rep.run([x, np.array(shape, np.int64)])[0], x.reshape(shape))
+    assert len(rep._functions) == 2
+
+
+def test_traced_static_value_is_a_clear_error():
+    graph = optkit.onnx.to_graph(_node_model("Reshape", {"x": np.zeros(4, np.float32),
+                                                          "shape": np.array([2, 2], np.int64)}))
+    fn = jax.jit(graph.as_function(["x", "shape"], "out0"))
+    with jax.enable_x64(True), pytest.raises(ValueError, match="input 'shape' must be known before the graph runs"):
+        fn(jnp.zeros(4, jnp.float32), jnp.array([2, 2]))
+
+
+@pytest.mark.parametrize("jit", JIT)
+def test_initializer_is_a_default_that_a_feed_overrides(jit):
+    """ONNX IR: a graph input with an initializer of the same name may be left unfed."""
+    x = np.array([1.0, 2.0], np.float32)
+    model = _node_model("Add", {"x": x, "y": x}, initializers=[("y", np.array([10.0, 20.0], np.float32))])
+    del model.graph.node[0].input[2:]  # Add(x, y); y has a default
+    rep = optkit.onnx.prepare(model, jit=jit)
+    np.testing.assert_array_equal(rep.run([x])[0], [11.0, 22.0])
+    np.testing.assert_array_equal(rep.run([x, x])[0], [2.0, 4.0])
+
+
+def test_run_node_and_named_outputs():
+    node = helper.make_node("Sub", ["a", "b"], ["c"])
+    a, b = np.array([3, 4], np.int64), np.array([1, 1], np.int64)
+    out = optkit.onnx.run_node(node, [a, b])
+    np.testing.assert_array_equal(out["c"], [2, 3])
+    assert out[0].dtype == np.int64
+    node = helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["X2", "V2"], alpha=0.9, beta=1.0,
+                            mode="standard", norm_coefficient=0.0, domain=_table.TRAINING_DOMAIN)
+    ones = np.ones(2, np.float32)
+    x2, v2 = optkit.onnx.Backend.run_node(node, [np.float32(0.1), np.int64(0), ones, ones, ones])
+    np.testing.assert_allclose(x2, 1 - 0.1 * 1.9)
+
+
+def test_device_support():
+    assert optkit.onnx.Backend.supports_device("CPU")
+    assert not optkit.onnx.Backend.supports_device("TPU")
+    with pytest.raises(ValueError, match="device must be 'CPU' or 'CUDA"):
+        optkit.onnx.prepare(_reshape_from_shape_model(), device="TPU")
+
+
+def test_to_graph_returns_an_optkit_graph():
+    graph = optkit.onnx.to_graph(_reshape_from_shape_model())
+    assert isinstance(graph, optkit.Graph)
+    assert graph.inputs == ("x",) and graph.outputs == ("y",)
+    assert [node.name for node in graph.nodes][-1] == "Reshape#5"
