@@ -11,10 +11,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import onnx
 import onnx.backend.base
 import onnx.defs
+import onnx.shape_inference
 from onnx import helper
 
 from optkit.onnx._loader import Converted, InputInfo, ModelSource, convert, load_model
@@ -95,6 +97,12 @@ class BackendRep(onnx.backend.base.BackendRep):
         self.outputs: tuple[str, ...] = converted.outputs
         self._static = converted.static_inputs
         self._by_name = {info.name: info for info in self.inputs}
+        self._required = [info.name for info in self.inputs if not info.has_default]
+        # Per input: the axes whose size is fixed (checked on every run) and the symbolic ones.
+        self._fixed = {info.name: tuple((a, d) for a, d in enumerate(info.shape or ()) if isinstance(d, int))
+                       for info in self.inputs}
+        self._symbols = {info.name: tuple((a, d) for a, d in enumerate(info.shape or ()) if isinstance(d, str))
+                         for info in self.inputs if info.shape and any(isinstance(d, str) for d in info.shape)}
         self._result_type = onnx.backend.base.namedtupledict("Outputs", list(self.outputs))
         self._functions: dict[Any, Any] = {}
         self._checked: set[Any] = set()
@@ -116,7 +124,7 @@ class BackendRep(onnx.backend.base.BackendRep):
                 raise ValueError(f"got {len(inputs)} values but the model has {len(self.inputs)} "
                                  f"inputs {[info.name for info in self.inputs]}")
             feeds = {info.name: value for info, value in zip(self.inputs, inputs)}
-        missing = [info.name for info in self.inputs if info.name not in feeds and not info.has_default]
+        missing = [name for name in self._required if name not in feeds]
         if missing:
             raise ValueError(f"graph inputs {missing} are not fed (and have no initializer default); "
                              f"feed {len(self.inputs)} values in graph.input order "
@@ -124,6 +132,13 @@ class BackendRep(onnx.backend.base.BackendRep):
         return {name: self._check(self._by_name[name], value) for name, value in feeds.items()}
 
     def _check(self, info: InputInfo, value: Any) -> Any:
+        if isinstance(value, (jax.Array, np.ndarray)) and value.dtype == info.dtype:
+            # The common case, checked fast.
+            shape = value.shape
+            if info.shape is None or shape == info.shape:
+                return value
+            if len(shape) == len(info.shape) and all(shape[a] == d for a, d in self._fixed[info.name]):
+                return value
         if isinstance(value, (bool, int, float, list, tuple)):
             converted = np.asarray(value)
             kind = converted.dtype.kind
@@ -149,17 +164,17 @@ class BackendRep(onnx.backend.base.BackendRep):
 
     def _check_symbols(self, feeds: Mapping[str, Any]) -> None:
         bound: dict[str, tuple[int, str]] = {}
-        for name, value in feeds.items():
-            shape = self._by_name[name].shape
-            if shape is None:
+        for name, symbols in self._symbols.items():
+            if name not in feeds:
                 continue
-            for axis, (dim, size) in enumerate(zip(shape, np.shape(value))):
-                if isinstance(dim, str):
-                    if dim in bound and bound[dim][0] != size:
-                        first, where = bound[dim]
-                        raise ValueError(f"dimension {dim!r} is {first} in {where} but {size} in axis "
-                                         f"{axis} of graph input {name!r}")
-                    bound.setdefault(dim, (size, f"axis {axis} of graph input {name!r}"))
+            shape = np.shape(feeds[name])
+            for axis, dim in symbols:
+                size = shape[axis]
+                if dim in bound and bound[dim][0] != size:
+                    first, where = bound[dim]
+                    raise ValueError(f"dimension {dim!r} is {first} in {where} but {size} in axis "
+                                     f"{axis} of graph input {name!r}")
+                bound.setdefault(dim, (size, f"axis {axis} of graph input {name!r}"))
 
     # -------------------------------------------------------------- running
 
@@ -204,16 +219,18 @@ class BackendRep(onnx.backend.base.BackendRep):
         self._check_symbols(feeds)
         static = {name: np.asarray(value) for name, value in feeds.items() if name in self._static}
         dynamic = tuple(name for name in feeds if name not in self._static)
-        with jax.enable_x64(True):
-            values = [jax.device_put(feeds[name], self.device) for name in dynamic]
+        values = [feeds[name] for name in dynamic]
+        with jax.enable_x64(True), jax.default_device(self.device):
             fn = self._function(static, dynamic)
             if not self._jit:
-                signature = (id(fn), tuple((np.shape(v), np.dtype(v.dtype).str) for v in values))
+                # Op by op, NumPy values would be folded as constants: make them JAX arrays.
+                values = [jnp.asarray(v) for v in values]
+                signature = (id(fn), tuple((v.shape, v.dtype) for v in values))
                 if signature not in self._checked:
                     jax.eval_shape(fn, *values)  # trace the whole graph before running any op
                     self._checked.add(signature)
-            with jax.default_device(self.device):
-                results = fn(*values)
+            # jax.jit moves NumPy values to the (default) device itself, fastest.
+            results = fn(*values)
         if as_numpy:
             results = [np.asarray(r) for r in results]
         return self._result_type(*results)
@@ -280,7 +297,7 @@ class Backend(onnx.backend.base.Backend):
                 graph_outputs.append(helper.make_tensor_value_info(
                     name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape))
             else:
-                graph_outputs.append(helper.make_empty_tensor_value_info(name))
+                graph_outputs.append(helper.make_value_info(name, onnx.TypeProto()))
         imports = [helper.make_opsetid("", opset_version)]
         if normalize_domain(node.domain) == TRAINING_DOMAIN:
             imports.append(helper.make_opsetid(TRAINING_DOMAIN, 1))
@@ -288,7 +305,7 @@ class Backend(onnx.backend.base.Backend):
             helper.make_graph([node], f"run_node_{node.op_type}", graph_inputs, graph_outputs),
             opset_imports=imports,
         )
-        return cls.prepare(model, device, **kwargs).run(values)
+        return cls.prepare(_typed_outputs(model), device, **kwargs).run(values)
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
@@ -298,6 +315,19 @@ class Backend(onnx.backend.base.Backend):
         except (TypeError, ValueError):
             return False
         return True
+
+
+def _typed_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Give untyped graph outputs the types ONNX shape inference finds (the checker needs
+    one), else an undefined element type: outputs' declared types are not enforced."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        inferred = model
+    for output in inferred.graph.output:
+        if not output.type.HasField("tensor_type"):
+            output.CopyFrom(helper.make_tensor_value_info(output.name, onnx.TensorProto.UNDEFINED, []))
+    return inferred
 
 
 def prepare(model: ModelSource, device: str = "CPU", **kwargs: Any) -> BackendRep:

@@ -344,7 +344,7 @@ def lookup(domain: str, op_type: str, opset: int, *, where: str | None = None) -
     """
     domain = normalize_domain(domain)
     prefix = f"{where}: " if where else ""
-    op_text = f"{domain_text(domain)}::{op_type} at opset {opset} (domain {domain_text(domain)!r})"
+    op_text = f"{op_type} (domain {domain_text(domain)!r}, opset {opset})"
     versions = _VERSIONS.get((domain, op_type))
     if not versions:
         known = sorted(op for d, op in _VERSIONS if d == domain)
@@ -362,7 +362,7 @@ def lookup(domain: str, op_type: str, opset: int, *, where: str | None = None) -
         schema = None
     if schema is not None and schema.since_version > chosen:
         raise UnsupportedOpError(
-            f"{prefix}unsupported operator version: {op_text} is {op_type}-{schema.since_version}; "
+            f"{prefix}unsupported operator version: {op_text} means {op_type}-{schema.since_version}; "
             f"optkit implements {op_type} versions {versions}")
     return _TABLE[(domain, op_type, chosen)]
 
