@@ -7,10 +7,16 @@ those of a published specification (see SPEC.md):
 - :func:`adam` — DirectML ``DML_ADAM_OPTIMIZER_OPERATOR_DESC`` (epsilon-hat
   form) with ONNX Adam's ``norm_coefficient`` and ``norm_coefficient_post``;
 - :func:`momentum` — ONNX ``ai.onnx.preview.training::Momentum``;
+- :func:`gradient` and :class:`Graph` — ONNX ``ai.onnx.preview.training::Gradient``
+  on named tensors, as nested ``jax.vjp``.
 
 The specs' own operators, with their inputs and outputs, are in :mod:`optkit.ops`.
 """
 
+from optkit._src.gradient import gradient
+from optkit._src.graph import GradientNode, Graph, GraphNode
+
 __version__ = "0.1.0"
 
 __all__ = ["__version__"]
+__all__ += ["gradient", "Graph", "GraphNode", "GradientNode"]
