@@ -45,8 +45,10 @@ def check_names(arg: str, names: Any, *, allow_empty_list: bool = True) -> tuple
     except TypeError:
         raise TypeError(f"{arg} must be a sequence of tensor names, got {names!r}") from None
     for name in names:
-        if not isinstance(name, str) or not name:
+        if not isinstance(name, str):
             raise TypeError(f"{arg} must hold non-empty strings, got {name!r}")
+        if not name:
+            raise ValueError(f"{arg} must hold non-empty strings, got ''")
     seen = set()
     for name in names:
         if name in seen:
@@ -144,9 +146,9 @@ def _select(out: Any, y: str | None) -> Any:
                              f"{list(out)}")
         return out[y]
     if y is not None:
-        raise ValueError(f"y={y!r} names a tensor, but fun returned a single "
-                         f"{type(out).__name__}, not a mapping of names to tensors; "
-                         f"leave y=None or return {{{y!r}: ...}}")
+        raise ValueError(f"y={y!r} names a tensor, but fun returned y itself (an array or "
+                         f"pytree), not a mapping of names to tensors; leave y=None or "
+                         f"return {{{y!r}: ...}}")
     return out
 
 

@@ -432,10 +432,6 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         if self._analysis is not None:
             return self._analysis
         for node in self._nodes:
-            for name in node.inputs:
-                if name and not self._defined(name):
-                    raise ValueError(f"{_name_of(node)} reads the tensor {name!r}, which is not "
-                                     f"a graph input, an initializer or any node's output")
             if isinstance(node, GradientNode):
                 if not self._defined(node.y):
                     raise ValueError(f"{_name_of(node)}: y {node.y!r} is never computed by the "
@@ -446,6 +442,10 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
                             raise ValueError(
                                 f"{_name_of(node)}: {name!r} in {attr} is not a graph input, "
                                 f"an initializer or an intermediate tensor of the graph")
+            for name in node.inputs:
+                if name and not self._defined(name):
+                    raise ValueError(f"{_name_of(node)} reads the tensor {name!r}, which is not "
+                                     f"a graph input, an initializer or any node's output")
         for name in self._outputs or ():
             if not self._defined(name):
                 raise ValueError(f"graph output {name!r} is not a graph input, an initializer "
@@ -531,7 +531,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
                         cycle = on_path[on_path.index(producer):] + [producer]
                         text = " -> ".join(repr(n.name) for n in reversed(cycle))
                         raise ValueError(f"the graph has a cycle through tensor {name!r}: "
-                                         f"nodes {text}, each reading the next one's output")
+                                         f"nodes {text}, each feeding the next")
                     state[producer] = 1
                     path.append((producer, iter(deps[producer])))
                     break
