@@ -199,6 +199,12 @@ def test_duplicate_and_conflicting_names():
         g.add_input("x")
     with pytest.raises(ValueError, match="'y' .initializer. is already the output of node"):
         g.add_initializer("y", 1.0)
+    g.add_initializer("k", 1.0)
+    g.add_input("k")  # an input with a default value, in either order (ONNX IR)
+    with pytest.raises(ValueError, match="tensor 'k' .initializer. is already an initializer"):
+        g.add_initializer("k", 2.0)
+    with pytest.raises(ValueError, match="initializer name must be a non-empty string"):
+        g.add_initializer("", 2.0)
     with pytest.raises(ValueError, match="inputs names the tensor 'a' twice"):
         optkit.Graph(inputs=["a", "a"])
     with pytest.raises(TypeError, match="fn must be callable"):

@@ -206,16 +206,19 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         self._analysis = None
         self._plans.clear()
 
-    def _claim(self, name: str, what: str) -> None:
-        """Refuse a second definition of ``name``, naming the first."""
-        if not isinstance(name, str) or not name:
+    def _claim(self, name: str, what: str, *, input_and_initializer: bool = False) -> None:
+        """Refuse a second definition of ``name``, naming the first. A graph input may
+        also be an initializer (its default) when ``input_and_initializer``."""
+        if not isinstance(name, str):
             raise TypeError(f"{what} name must be a non-empty string, got {name!r}")
+        if not name:
+            raise ValueError(f"{what} name must be a non-empty string, got ''")
         if name in self._producer:
             raise ValueError(f"tensor {name!r} ({what}) is already the output of "
                              f"{_name_of(self._producer[name])}")
-        if name in self._inputs:
+        if name in self._inputs and not (input_and_initializer and what == "initializer"):
             raise ValueError(f"tensor {name!r} ({what}) is already a graph input")
-        if name in self._initializers and not what.startswith("graph input"):
+        if name in self._initializers and not (input_and_initializer and what == "graph input"):
             raise ValueError(f"tensor {name!r} ({what}) is already an initializer")
 
     def add_input(
@@ -232,7 +235,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         Raises:
           ValueError: ``name`` is already a graph input or a node output.
         """
-        self._claim(name, "graph input")
+        self._claim(name, "graph input", input_and_initializer=True)
         if shape is not None:
             shape = tuple(None if d is None else int(d) for d in shape)
         self._inputs[name] = _InputSpec(shape, None if dtype is None else jnp.dtype(dtype))
@@ -247,27 +250,18 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         Raises:
           ValueError: ``name`` is already an initializer or a node output.
         """
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"initializer name must be a non-empty string, got {name!r}")
-        if name in self._initializers:
-            raise ValueError(f"tensor {name!r} (initializer) is already an initializer")
-        if name in self._producer:
-            raise ValueError(f"tensor {name!r} (initializer) is already the output of "
-                             f"{_name_of(self._producer[name])}")
+        self._claim(name, "initializer", input_and_initializer=True)
         self._initializers[name] = value
         self._changed()
 
     def _append(self, node: Node) -> Node:
-        if len(set(o for o in node.outputs if o)) != len([o for o in node.outputs if o]):
-            dup = next(o for o in node.outputs if o and node.outputs.count(o) > 1)
-            raise ValueError(f"{_name_of(node)} names the output {dup!r} twice")
-        for out in node.outputs:
-            if out:
-                self._claim(out, f"output of {_name_of(node)}")
+        named = [out for out in node.outputs if out]
+        for out in named:
+            if named.count(out) > 1:
+                raise ValueError(f"{_name_of(node)} names the output {out!r} twice")
+            self._claim(out, f"output of {_name_of(node)}")
         self._nodes.append(node)
-        for out in node.outputs:
-            if out:
-                self._producer[out] = node
+        self._producer.update((out, node) for out in named)
         self._changed()
         return node
 
@@ -706,7 +700,9 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
 
         Returns:
           ``f(*values)`` returning a tuple with one value per output name, or
-          the value itself when ``outputs`` is one name.
+          the value itself when ``outputs`` is one name. A jitted ``f`` keeps
+          the graph as it was when traced: after changing the graph, call
+          ``as_function`` again.
 
         Raises:
           ValueError: as :meth:`evaluate`, at once for names and graph errors,
