@@ -347,6 +347,9 @@ def test_gradient_node_outputs_named_empty_are_not_produced():
     out = g.evaluate({"X": X, "W": W, "L": L}, ["only dW"])
     np.testing.assert_allclose(out["only dW"], 2 * X.T @ (X @ W - L), rtol=1e-12)
     assert "" not in g.outputs
+    # An xs whose gradient is not produced is still a differentiable input (SPEC 6).
+    with pytest.raises(ValueError, match="xs tensor 'X'.*int64"):
+        g.evaluate({"X": X.astype(np.int64), "W": W, "L": L}, ["only dW"])
     with pytest.raises(ValueError, match="outputs must hold non-empty strings"):
         g.evaluate({"X": X, "W": W, "L": L}, [""])
 
