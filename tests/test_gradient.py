@@ -421,6 +421,16 @@ def test_gradient_node_errors_name_the_tensor():
         jax.jit(g.as_function(["X", "W", "Z"], ["dY/dW"]))(X, W, Z > 0)
 
 
+def test_two_outputs_of_one_node_are_independent_of_each_other():
+    # a and b come from the same node, but neither is computed from the other.
+    g = optkit.Graph(inputs=["x"])
+    g.add(lambda x: (jnp.sin(x), jnp.cos(x)), ["x"], ["a", "b"], name="split")
+    g.add(jnp.multiply, ["a", "b"], ["y"])
+    g.add_gradient(xs=["a", "b"], y="y")
+    out = g.evaluate({"x": 0.5}, ["dy/da", "dy/db"])
+    np.testing.assert_allclose([out["dy/da"], out["dy/db"]], [np.cos(0.5), np.sin(0.5)])
+
+
 def test_gradient_node_differentiating_through_itself_is_a_cycle():
     g = optkit.Graph(inputs=["x"])
     g.add(jnp.sin, ["x"], ["s"])

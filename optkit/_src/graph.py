@@ -18,7 +18,7 @@ higher derivatives (nested ``jax.vjp``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -465,30 +465,15 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
                 raise ValueError(f"cycle: {_name_of(grad)} differentiates through its own "
                                  f"output (Gradient nodes {chain} -> {grad.name!r})")
             in_progress.append(grad)
-            stop = set(grad.xs) | set(grad.zs)
-            nodes: set[Node] = set()
-            leaves: list[str] = []
-            seen: set[str] = set()
-            stack = [grad.y]
-            while stack:
-                name = stack.pop()
-                if name in seen or name in stop:
-                    continue
-                seen.add(name)
-                producer = self._producer.get(name)
-                if producer is not None:
-                    if producer not in nodes:
-                        nodes.add(producer)
-                        stack.extend(node_deps(producer))
-                elif name in self._initializers:
-                    leaves.append(name)
-                else:
+            nodes, leaves = self._walk_back([grad.y], set(grad.xs) | set(grad.zs), node_deps)
+            for name in leaves:
+                if name not in self._initializers:
                     raise ValueError(
                         f"{_name_of(grad)}: y {grad.y!r} depends on the graph input {name!r}, "
                         f"which is in neither xs {list(grad.xs)} nor zs {list(grad.zs)}; xs "
                         f"and zs must determine y (SPEC 6): add {name!r} to zs")
             in_progress.pop()
-            cuts[grad] = (frozenset(nodes), tuple(sorted(leaves)))
+            cuts[grad] = (frozenset(nodes), leaves)
             return cuts[grad]
 
         for node in self._nodes:
@@ -540,21 +525,40 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         for name in listed:
             if name not in self._producer:
                 continue
-            seen: set[str] = set()
-            stack = list(deps[self._producer[name]])
-            while stack:
-                ancestor = stack.pop()
-                if ancestor in seen:
-                    continue
-                seen.add(ancestor)
-                if ancestor in listed:
+            direct = deps[self._producer[name]]
+            nodes, _ = self._walk_back(direct, (), deps.__getitem__)
+            ancestors = set(direct).union(*(deps[node] for node in nodes))
+            for ancestor in listed:
+                if ancestor in ancestors:
                     raise ValueError(
                         f"{_name_of(grad)}: xs and zs must be independent (SPEC 6), but "
                         f"{name!r} (in {listed[name]}) is computed from {ancestor!r} (in "
                         f"{listed[ancestor]}); drop one of them")
-                producer = self._producer.get(ancestor)
-                if producer is not None:
-                    stack.extend(deps[producer])
+
+    def _walk_back(
+        self,
+        targets: Iterable[str],
+        stop: Collection[str],
+        deps: Callable[[Node], Iterable[str]],
+    ) -> tuple[set[Node], tuple[str, ...]]:
+        """The nodes that compute ``targets`` when the graph is cut at ``stop``, and the
+        tensors outside ``stop`` that no node produces (graph inputs, initializers)."""
+        nodes: set[Node] = set()
+        leaves: set[str] = set()
+        seen: set[str] = set()
+        stack = list(targets)
+        while stack:
+            name = stack.pop()
+            if name in seen or name in stop:
+                continue
+            seen.add(name)
+            producer = self._producer.get(name)
+            if producer is None:
+                leaves.add(name)
+            elif producer not in nodes:
+                nodes.add(producer)
+                stack.extend(deps(producer))
+        return nodes, tuple(sorted(leaves))
 
     # --------------------------------------------------------------- evaluation
 
@@ -564,25 +568,11 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         if key in self._plans:
             return self._plans[key]
         analysis = self._analyze()
-        needed: set[Node] = set()
-        seen: set[str] = set()
-        stack = list(targets)
-        while stack:
-            name = stack.pop()
-            if name in seen or name in known:
-                continue
-            seen.add(name)
-            producer = self._producer.get(name)
-            if producer is not None:
-                if producer not in needed:
-                    needed.add(producer)
-                    stack.extend(analysis.deps[producer])
-            elif name in self._inputs:
-                raise ValueError(f"graph input {name!r} is needed for the outputs "
-                                 f"{list(targets)} but was not fed")
-            else:
-                raise ValueError(f"tensor {name!r} is not a graph input, an initializer or "
-                                 f"any node's output")
+        needed, missing = self._walk_back(targets, known, analysis.deps.__getitem__)
+        if missing:
+            # Undefined names were refused already; what is left is an input not fed.
+            raise ValueError(f"graph input {missing[0]!r} is needed for the outputs "
+                             f"{list(targets)} but was not fed")
         plan = tuple(node for node in analysis.order if node in needed)
         self._plans[key] = plan
         return plan
