@@ -7,6 +7,8 @@ those of a published specification (see SPEC.md):
 - :func:`adam` — DirectML ``DML_ADAM_OPTIMIZER_OPERATOR_DESC`` (epsilon-hat
   form) with ONNX Adam's ``norm_coefficient`` and ``norm_coefficient_post``;
 - :func:`momentum` — ONNX ``ai.onnx.preview.training::Momentum``;
+- :func:`gradient` and :class:`Graph` — ONNX ``ai.onnx.preview.training::Gradient``
+  on named tensors, as nested ``jax.vjp``.
 
 The specs' own operators, with their inputs and outputs, are in :mod:`optkit.ops`.
 """
@@ -14,6 +16,8 @@ The specs' own operators, with their inputs and outputs, are in :mod:`optkit.ops
 from optkit import ops
 from optkit._src.adagrad import ScaleByOnnxAdagradState, adagrad, scale_by_onnx_adagrad
 from optkit._src.adam import ScaleByDmlAdamState, adam, scale_by_dml_adam
+from optkit._src.gradient import gradient
+from optkit._src.graph import GradientNode, Graph, GraphNode
 from optkit._src.momentum import ScaleByOnnxMomentumState, momentum, scale_by_onnx_momentum
 
 __version__ = "0.1.0"
@@ -31,3 +35,4 @@ __all__ = [
     "scale_by_onnx_momentum",
     "ScaleByOnnxMomentumState",
 ]
+__all__ += ["gradient", "Graph", "GraphNode", "GradientNode"]
