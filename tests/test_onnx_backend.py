@@ -25,14 +25,16 @@ import optkit.onnx  # noqa: E402
 STANDARD_OPS = [
     "abs", "add", "averagepool", "basic_conv_with_padding", "basic_conv_without_padding", "cast",
     "castlike", "concat", "constant", "conv", "div", "equal", "exp", "flatten", "gather",
-    "gather_elements", "gemm", "globalaveragepool", "greater", "identity", "leakyrelu", "less",
-    "log", "logsoftmax", "matmul", "max", "maxpool", "min", "mul", "neg", "nllloss", "pow",
+    "gather_elements", "gemm", "globalaveragepool", "greater", "greater_equal", "identity",
+    "leakyrelu", "less", "less_equal", "log", "logsoftmax", "matmul", "max", "maxpool", "min", "mul",
+    "neg", "nllloss", "not", "pow",
     "reduce_max", "reduce_mean", "reduce_sum", "reduce_sum_square", "relu", "reshape", "sce",
     "shape", "sigmoid", "slice", "softmax", "sqrt", "squeeze", "sub", "tanh", "transpose",
     "unsqueeze", "where",
 ]
 TRAINING = r"^test_(adagrad|adam|momentum|nesterov_momentum|gradient_of_add)\w*_cpu$"
-STANDARD = r"^test_(" + "|".join(STANDARD_OPS) + r")(_.*)?_cpu$"
+# And/Or cases are named test_and2d, test_or_bcast3v1d...
+STANDARD = r"^test_((" + "|".join(STANDARD_OPS) + r")(_.*)?|(and|or)(\d|_bcast)\w*)_cpu$"
 
 # Selected by the patterns above but deliberately not run, and why.
 EXCLUDED = {
@@ -47,8 +49,6 @@ EXCLUDED = {
     r"^test_constant_pad": "Pad operator",
     # String tensors: optkit runs numeric and boolean tensors only.
     r"^test_equal_string": "string tensors",
-    # Greater/Less cases of GreaterOrEqual/LessOrEqual (other operators).
-    r"^test_(greater|less)_equal": "GreaterOrEqual/LessOrEqual operators",
 }
 
 
@@ -98,5 +98,5 @@ def test_selection():
         "test_gradient_of_add_and_mul_cpu", "test_gradient_of_add_cpu", "test_momentum_cpu",
         "test_momentum_multiple_cpu", "test_nesterov_momentum_cpu",
     ]
-    for op in STANDARD_OPS:
-        assert any(re.match(rf"^test_{op}(_.*)?_cpu$", name) for name in _SELECTED), op
+    for op in STANDARD_OPS + ["and", "or"]:
+        assert any(re.match(rf"^test_{op}(_|\d).*cpu$", name) for name in _SELECTED), op

@@ -683,6 +683,31 @@ def _greater(ctx):
     return jnp.greater
 
 
+@register("GreaterOrEqual", 12, 16)
+def _greater_or_equal(ctx):
+    return jnp.greater_equal
+
+
+@register("LessOrEqual", 12, 16)
+def _less_or_equal(ctx):
+    return jnp.less_equal
+
+
+@register("And", 7)
+def _and(ctx):
+    return jnp.logical_and
+
+
+@register("Or", 7)
+def _or(ctx):
+    return jnp.logical_or
+
+
+@register("Not", 1)
+def _not(ctx):
+    return jnp.logical_not
+
+
 @register("Where", 9, 16)
 def _where(ctx):
     return jnp.where
