@@ -7,6 +7,7 @@ step after step from Python.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -90,6 +91,7 @@ class BackendRep(onnx.backend.base.BackendRep):
     def __init__(self, model: ModelSource, device: str = "CPU", *, jit: bool = True) -> None:
         self.model = load_model(model)
         self.device = _device(device)
+        self._default_device = self.device == jax.devices()[0]
         self._jit = bool(jit)
         converted: Converted = convert(self.model)
         self.graph = converted.graph
@@ -216,11 +218,13 @@ class BackendRep(onnx.backend.base.BackendRep):
         if kwargs:
             raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
         feeds = self._feeds(inputs)
-        self._check_symbols(feeds)
+        if self._symbols:
+            self._check_symbols(feeds)
         static = {name: np.asarray(value) for name, value in feeds.items() if name in self._static}
         dynamic = tuple(name for name in feeds if name not in self._static)
         values = [feeds[name] for name in dynamic]
-        with jax.enable_x64(True), jax.default_device(self.device):
+        placement = contextlib.nullcontext() if self._default_device else jax.default_device(self.device)
+        with jax.enable_x64(True), placement:
             fn = self._function(static, dynamic)
             if not self._jit:
                 # Op by op, NumPy values would be folded as constants: make them JAX arrays.
