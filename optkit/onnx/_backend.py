@@ -212,8 +212,9 @@ class BackendRep(onnx.backend.base.BackendRep):
 
         Raises:
           TypeError: a value of the wrong dtype, or not an array.
-          ValueError: a wrong shape, an unknown or missing input, or (before
-            anything runs) an error the graph raises while it is traced.
+          ValueError: a wrong shape, an unknown or missing input.
+          TypeError, ValueError: an error raised while the graph is traced
+            (e.g. incompatible shapes inside the graph), before anything runs.
         """
         if kwargs:
             raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
@@ -334,16 +335,87 @@ def _typed_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
     return inferred
 
 
-def prepare(model: ModelSource, device: str = "CPU", **kwargs: Any) -> BackendRep:
-    """``Backend.prepare``: load ``model`` (path, bytes or ModelProto) into a :class:`BackendRep`."""
-    return Backend.prepare(model, device, **kwargs)
+def prepare(model: ModelSource, device: str = "CPU", *, jit: bool = True) -> BackendRep:
+    """Load an ONNX model for repeated runs (``Backend.prepare``).
+
+    Args:
+      model: a ``ModelProto``, its serialized bytes, a path to a ``.onnx``
+        file, or a binary file object.
+      device: ``"CPU"`` or ``"CUDA[:index]"``.
+      jit: compile the graph with ``jax.jit`` (default) or run it op by op.
+
+    Returns:
+      A :class:`BackendRep`; call its ``run(inputs)``.
+
+    Raises:
+      ValueError: malformed bytes, a model ``onnx.checker`` rejects, an
+        invalid node (optimizer input count not ``2 + k*n``, missing
+        required attributes...), a bad device.
+      UnsupportedOpError: an operator, operator version or element type
+        optkit does not run (the message names op type, domain and opset).
+
+    Source: ``onnx.backend.base.Backend.prepare``; SPEC sections 1, 3, 4, 6.
+
+    Example:
+      >>> import numpy as np, optkit.onnx
+      >>> from onnx import TensorProto, helper
+      >>> t = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2])
+      >>> g = helper.make_graph([helper.make_node("Exp", ["x"], ["y"])], "g", [t("x")], [t("y")])
+      >>> optkit.onnx.prepare(helper.make_model(g)).run([np.zeros(2, np.float32)]).y
+      array([1., 1.], dtype=float32)
+    """
+    return Backend.prepare(model, device, jit=jit)
 
 
-def run_model(model: ModelSource, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:
-    """``Backend.run_model``: load ``model`` and run it once on ``inputs``."""
-    return Backend.run_model(model, inputs, device, **kwargs)
+def run_model(model: ModelSource, inputs: Any, device: str = "CPU", *, jit: bool = True) -> tuple[Any, ...]:
+    """Load ``model`` and run it once on ``inputs`` (``Backend.run_model``).
+
+    Args:
+      model: as :func:`prepare`.
+      inputs: one value per graph input in ``graph.input`` order, or a dict by name.
+      device, jit: as :func:`prepare`.
+
+    Returns:
+      The outputs in ``graph.output`` order (a named tuple of NumPy arrays).
+
+    Raises:
+      As :func:`prepare` and :meth:`BackendRep.run`.
+
+    Source: ``onnx.backend.base.Backend.run_model``.
+
+    Example:
+      >>> import numpy as np, optkit.onnx
+      >>> from onnx import TensorProto, helper
+      >>> t = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2])
+      >>> g = helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "g", [t("x")], [t("y")])
+      >>> optkit.onnx.run_model(helper.make_model(g), [np.ones(2, np.float32)])
+      Outputs(y=array([-1., -1.], dtype=float32))
+    """
+    return Backend.run_model(model, inputs, device, jit=jit)
 
 
 def run_node(node: onnx.NodeProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:
-    """``Backend.run_node``: run one ONNX node on ``inputs``."""
+    """Run one ONNX node on ``inputs`` (``Backend.run_node``).
+
+    Args:
+      node: the ``NodeProto``.
+      inputs: one value per non-empty node input, or a dict by input name.
+      device: as :func:`prepare`.
+      kwargs: ``opset_version`` (default: the newest), ``outputs_info``
+        (``(dtype, shape)`` per output), ``jit``.
+
+    Returns:
+      The node's outputs (a named tuple of NumPy arrays).
+
+    Raises:
+      As :func:`prepare` and :meth:`BackendRep.run`.
+
+    Source: ``onnx.backend.base.Backend.run_node``.
+
+    Example:
+      >>> import numpy as np, optkit.onnx
+      >>> from onnx import helper
+      >>> optkit.onnx.run_node(helper.make_node("Add", ["a", "b"], ["c"]), [np.int64(2), np.int64(3)])
+      Outputs(c=array(5))
+    """
     return Backend.run_node(node, inputs, device, **kwargs)

@@ -321,6 +321,9 @@ def to_graph(model: ModelSource) -> Graph:
     Returns:
       The :class:`optkit.Graph`; its ``outputs`` are the model's ``graph.output``.
 
+    Source: SPEC sections 1, 3, 4, 6; the ONNX IR (graph inputs, initializers,
+    nodes) and each operator version's ONNX documentation.
+
     Raises:
       ValueError: malformed bytes, a model ``onnx.checker`` rejects, a node
         with invalid attributes or arity (e.g. an optimizer whose input count

@@ -368,5 +368,18 @@ def lookup(domain: str, op_type: str, opset: int, *, where: str | None = None) -
 
 
 def supported_ops() -> list[tuple[str, str, int]]:
-    """Every ``(domain, op_type, since_version)`` in the table, sorted; domain ``""`` is ai.onnx."""
+    """The op table's rows: every operator version optkit runs.
+
+    Returns:
+      Sorted ``(domain, op_type, since_version)`` tuples; domain ``""`` is
+      ``ai.onnx``, ``"ai.onnx.preview.training"`` holds Adagrad, Adam,
+      Momentum and Gradient. A model importing opset ``N`` runs an operator
+      with the row of the newest ``since_version <= N``, if ONNX has no newer
+      version of it at ``N``.
+
+    Example:
+      >>> import optkit.onnx
+      >>> ("ai.onnx.preview.training", "Adam", 1) in optkit.onnx.supported_ops()
+      True
+    """
     return sorted(_TABLE)
