@@ -2,7 +2,8 @@
 
 SPEC "Conformance data": the 7 training-operator node cases (Adagrad, Adam,
 Momentum, SPEC 1, 3, 4) and the 2 Gradient model cases (SPEC 6), plus every
-ONNX node case of the standard operators optkit's op table runs. The runner
+ONNX node case of the standard operators optkit's op table runs, and the ONNX
+model cases (PyTorch exports) that use only those operators. The runner
 compares dtypes exactly and values with the case's tolerances (rtol 1e-3,
 atol 1e-7 by default).
 
@@ -35,6 +36,12 @@ STANDARD_OPS = [
 TRAINING = r"^test_(adagrad|adam|momentum|nesterov_momentum|gradient_of_add)\w*_cpu$"
 # And/Or cases are named test_and2d, test_or_bcast3v1d...
 STANDARD = r"^test_((" + "|".join(STANDARD_OPS) + r")(_.*)?|(and|or)(\d|_bcast)\w*)_cpu$"
+# ONNX's model cases (PyTorch exports and a simple model) whose operators are all in the
+# op table: 1-D/3-D and grouped/depthwise convolutions and pools, embeddings...
+MODELS = (r"^test_(AvgPool[123]d\w*|Conv[123]d\w*|Embedding\w*|LeakyReLU\w*|Linear_no_bias|LogSoftmax|"
+          r"MaxPool[123]d\w*|PixelShuffle|ReLU|Sigmoid|Softmax|Softmin|Tanh|operator_(concat2|conv|exp|flatten|"
+          r"maxpool|permute2|reduced_(mean|sum)\w*|sqrt|view)|single_relu_model)_cpu$")
+SELECTION = (TRAINING, STANDARD, MODELS)
 
 # Selected by the patterns above but deliberately not run, and why.
 EXCLUDED = {
@@ -74,14 +81,16 @@ def _only_included(test_cases):
     kept = {}
     for case_name, case in test_cases.items():
         for attr in list(vars(case)):
-            if attr.startswith("test_") and not (re.match(TRAINING, attr) or re.match(STANDARD, attr)):
+            if attr.startswith("test_") and not any(re.match(pattern, attr) for pattern in SELECTION):
                 delattr(case, attr)
         if any(attr.startswith("test_") for attr in vars(case)):
             kept[case_name] = case
     return kept
 
 
-backend_test = onnx.backend.test.BackendTest(_Backend, __name__).include(TRAINING).include(STANDARD)
+backend_test = onnx.backend.test.BackendTest(_Backend, __name__)
+for _pattern in SELECTION:
+    backend_test.include(_pattern)
 for _pattern in EXCLUDED:
     backend_test.exclude(_pattern)
 _CASES = _only_included(backend_test.test_cases)
@@ -100,3 +109,4 @@ def test_selection():
     ]
     for op in STANDARD_OPS + ["and", "or"]:
         assert any(re.match(rf"^test_{op}(_|\d).*cpu$", name) for name in _SELECTED), op
+    assert len([name for name in _SELECTED if re.match(MODELS, name)]) == 66
