@@ -444,17 +444,18 @@ def _concat(ctx):
     return concat
 
 
-def _squeeze_axes(ctx, axes_value, what="axes"):
-    if axes_value is None:
-        return None
-    return [int(a) for a in np.asarray(axes_value).reshape(-1)]
+def _axes_attribute_or_input(ctx: NodeContext, axes: Any) -> list[int] | None:
+    """Squeeze/Unsqueeze axes: an attribute before opset 13, a (static) input from 13."""
+    if ctx.version < 13:
+        return ctx.attrs.get("axes")
+    value = static_value(axes, ctx, "axes")
+    return None if value is None else [int(a) for a in value.reshape(-1)]
 
 
 @register("Unsqueeze", 1, 11, 13, 21, 23, 24, 25, static_inputs=(1,))
 def _unsqueeze(ctx):
     def unsqueeze(x, axes=None):
-        values = ctx.attrs.get("axes") if ctx.version < 13 else _squeeze_axes(
-            ctx, static_value(axes, ctx, "axes"))
+        values = _axes_attribute_or_input(ctx, axes)
         if values is None:
             raise ctx.error("axes is required")
         rank = jnp.ndim(x) + len(values)
@@ -466,8 +467,7 @@ def _unsqueeze(ctx):
 @register("Squeeze", 1, 11, 13, 21, 23, 24, 25, static_inputs=(1,))
 def _squeeze(ctx):
     def squeeze(x, axes=None):
-        values = ctx.attrs.get("axes") if ctx.version < 13 else _squeeze_axes(
-            ctx, static_value(axes, ctx, "axes"))
+        values = _axes_attribute_or_input(ctx, axes)
         shape = jnp.shape(x)
         if values is None:
             return jnp.reshape(x, [d for d in shape if d != 1])
@@ -521,7 +521,9 @@ def _constant(ctx):
 # reductions
 
 
-def _reduce_builder(name: str, fn, input_axes_since: int):
+def _reduce_builder(fn, input_axes_since: int):
+    """ReduceX: axes as an attribute before ``input_axes_since``, a (static) input from it."""
+
     def build(ctx):
         keepdims = bool(ctx.attrs.get("keepdims", 1))
         noop = bool(ctx.attrs.get("noop_with_empty_axes", 0))
@@ -552,11 +554,11 @@ def _reduce_max(x, axes, keepdims):
 
 
 register("ReduceSum", 1, 11, 13, static_inputs=(1,))(
-    _reduce_builder("ReduceSum", lambda x, a, k: jnp.sum(x, axis=a, keepdims=k), 13))
+    _reduce_builder(lambda x, a, k: jnp.sum(x, axis=a, keepdims=k), 13))
 register("ReduceMean", 1, 11, 13, 18, static_inputs=(1,))(
-    _reduce_builder("ReduceMean", lambda x, a, k: jnp.mean(x, axis=a, keepdims=k), 18))
+    _reduce_builder(lambda x, a, k: jnp.mean(x, axis=a, keepdims=k), 18))
 register("ReduceMax", 1, 11, 12, 13, 18, 20, static_inputs=(1,))(
-    _reduce_builder("ReduceMax", _reduce_max, 18))
+    _reduce_builder(_reduce_max, 18))
 
 
 # ---------------------------------------------------------------------------
@@ -791,4 +793,4 @@ def _slice(ctx):
 
 
 register("ReduceSumSquare", 1, 11, 13, 18, static_inputs=(1,))(
-    _reduce_builder("ReduceSumSquare", lambda x, a, k: jnp.sum(x * x, axis=a, keepdims=k), 18))
+    _reduce_builder(lambda x, a, k: jnp.sum(x * x, axis=a, keepdims=k), 18))
