@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("onnx")
 
@@ -147,6 +149,30 @@ def test_optimizer_node_calls_spec_op():
                                 feeds)
     for g, w in zip(got, [*want.X_new, *want.V_new]):
         np.testing.assert_allclose(g, np.asarray(w), rtol=1e-15, atol=1e-17)  # XLA may fuse differently
+
+
+_SIXTY_FOURTHS = st.integers(0, 63).map(lambda k: k / 64)  # exact in float32, and so is 1 - x
+
+
+@settings(max_examples=15)
+@given(
+    name=st.sampled_from(list(ATTRS)),
+    shapes=st.lists(st.lists(st.integers(1, 3), max_size=2).map(tuple), min_size=1, max_size=3),
+    step=st.integers(0, 20),
+    attrs=st.fixed_dictionaries({"a": _SIXTY_FOURTHS, "b": _SIXTY_FOURTHS, "c": _SIXTY_FOURTHS}),
+    seed=st.integers(0, 2**16),
+)
+def test_optimizer_nodes_property(name, shapes, step, attrs, seed):
+    """Any number of tensors, shapes, steps and attribute values: equal to the reference (float64)."""
+    op = name.split("-")[0]
+    a, b, c = attrs["a"], attrs["b"], attrs["c"]
+    chosen = {"Adagrad": {"decay_factor": a, "epsilon": 1e-3 + b, "norm_coefficient": c},
+              "Adam": {"alpha": a, "beta": b, "epsilon": 1e-3, "norm_coefficient": c, "norm_coefficient_post": a},
+              "Momentum": {"alpha": a, "beta": b, "norm_coefficient": c, "mode": ATTRS[name].get("mode")}}[op]
+    feeds = _optimizer_feeds(op, shapes, np.float64, step, seed)
+    got = optkit.onnx.prepare(_optimizer_model(op, chosen, shapes, np.float64), jit=False).run(feeds)
+    for g, w in zip(got, _reference(op, chosen, shapes, np.float64, feeds)):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
 
 
 # ---------------------------------------------------------------------------
