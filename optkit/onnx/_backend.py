@@ -56,6 +56,10 @@ class BackendRep(onnx.backend.base.BackendRep):
     input signature traces and compiles it (including Gradient nodes), later
     calls reuse it.
 
+    A graph input that XLA needs before running (a ``Reshape`` shape or the
+    axes of a reduction fed as a graph input, as in ONNX's node test cases)
+    is a compile-time constant: the graph is compiled once per distinct value.
+
     Runs happen in JAX's 64-bit mode (``jax.enable_x64``), since ONNX graphs
     use INT64 step counts, shapes and indices, and DOUBLE; FLOAT tensors stay
     float32.
