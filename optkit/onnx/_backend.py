@@ -138,7 +138,7 @@ class BackendRep(onnx.backend.base.BackendRep):
         return {name: self._check(self._by_name[name], value) for name, value in feeds.items()}
 
     def _check(self, info: InputInfo, value: Any) -> Any:
-        if isinstance(value, (jax.Array, np.ndarray)) and value.dtype == info.dtype:
+        if isinstance(value, (jax.Array, np.ndarray, np.generic)) and value.dtype == info.dtype:
             # The common case, checked fast.
             shape = value.shape
             if info.shape is None or shape == info.shape:
