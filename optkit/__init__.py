@@ -7,11 +7,22 @@ those of a published specification (see SPEC.md):
 - :func:`adam` — DirectML ``DML_ADAM_OPTIMIZER_OPERATOR_DESC`` (epsilon-hat
   form) with ONNX Adam's ``norm_coefficient`` and ``norm_coefficient_post``;
 - :func:`momentum` — ONNX ``ai.onnx.preview.training::Momentum``;
+- :func:`adafactor` — Adafactor (Shazeer & Stern 2018), with sublinear memory;
 
 The specs' own operators, with their inputs and outputs, are in :mod:`optkit.ops`.
 """
 
 from optkit import ops
+from optkit._src.adafactor import (
+    FactoredSecondMoment,
+    FullSecondMoment,
+    ScaleByAdafactorState,
+    ScaleByFactoredRmsState,
+    adafactor,
+    factored_axes,
+    scale_by_adafactor,
+    scale_by_factored_rms,
+)
 from optkit._src.adagrad import ScaleByOnnxAdagradState, adagrad, scale_by_onnx_adagrad
 from optkit._src.adam import ScaleByDmlAdamState, adam, scale_by_dml_adam
 from optkit._src.momentum import ScaleByOnnxMomentumState, momentum, scale_by_onnx_momentum
@@ -30,4 +41,12 @@ __all__ = [
     "momentum",
     "scale_by_onnx_momentum",
     "ScaleByOnnxMomentumState",
+    "adafactor",
+    "scale_by_adafactor",
+    "scale_by_factored_rms",
+    "ScaleByAdafactorState",
+    "ScaleByFactoredRmsState",
+    "FactoredSecondMoment",
+    "FullSecondMoment",
+    "factored_axes",
 ]
