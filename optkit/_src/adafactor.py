@@ -196,11 +196,11 @@ class _Moments(NamedTuple):
     sum_x2: jax.Array | None  # sum of X_{t-1}^2 over the leaf (for RMS(X_{t-1})), if asked
 
 
-# Large matrices on CPU: below this many elements the reductions are cheap
-# whichever way they are written, and a loop's per-iteration cost is not worth it.
-_BLOCKED_MIN_SIZE = 1 << 20
-# Rows per loop iteration: about a megabyte of float32 per block, so that each
-# block is still in cache when its second and third uses read it.
+# Factored leaves on CPU at least this large take the loop of
+# _column_sums_blocked; below it XLA's own column reductions are as fast.
+_BLOCKED_MIN_SIZE = 1 << 18
+# Elements per block of rows in that loop: about a megabyte of float32, few
+# enough iterations that the loop's own cost stays small.
 _BLOCK_ELEMENTS = 1 << 18
 
 
@@ -224,69 +224,63 @@ def _sum_u2(v_row, v_col, w, row, col, guard):
     return jnp.sum(mean_r * jnp.sum(w * _inverse(v_col, guard), axis=col_in_c))
 
 
-def _blocked_sums(g, x, inner_old, b2, eps1, guard, dtype):
-    """CPU fast path for a 2-D ``g`` (n, m): all reductions in one sweep over row blocks.
+def _column_sums_blocked(g, inv_inner, dtype):
+    """CPU: ``(sum_i G_pij^2, sum_i G_pij^2 * inv_inner_pi)``, both (P, m), for ``g`` (P, n, m).
 
-    Returns ``(inner, outer_sum, w, sum_x2)``: ``inner`` (n,) is the new
-    statistic averaged over the contiguous axis (``_ema`` of the row means of
-    ``G^2``), ``outer_sum`` (m,) the column sums of ``G^2``, ``w`` (m,) the
-    column sums of ``G^2 / inner``, ``sum_x2`` the sum of ``X^2`` (or None).
-
-    XLA's CPU column reduction reads a large matrix several times slower than
-    memory allows; here each block of rows is read once from memory, its row
-    means are reduced, and its squares are added element-wise into (block, m)
-    accumulators that stay in cache. The columns are summed once at the end.
+    XLA's CPU column reduction of a large matrix runs several times slower than
+    memory allows (its (m,) accumulator is updated from every row). Here a
+    loop over blocks of rows adds each block's squares element-wise into
+    (2, block, m) accumulators that stay in cache, so ``g`` is read once; each
+    iteration is one fused element-wise kernel, and the accumulators' rows are
+    summed once per matrix at the end. Matrices ``p`` are looped over too.
     """
-    n, m = g.shape
-    block = max(8, min(256, _BLOCK_ELEMENTS // m))
+    num_matrices, n, m = g.shape
+    block = min(n, max(8, min(256, _BLOCK_ELEMENTS // m)))
     num_blocks = n // block
-
-    def rows(lo, size, inner, acc_outer, acc_w, acc_x):
-        gb = lax.dynamic_slice_in_dim(g, lo, size, 0).astype(dtype)
-        g2 = gb * gb
-        new = _ema(lax.dynamic_slice_in_dim(inner_old, lo, size, 0).astype(dtype),
-                   jnp.mean(g2, axis=1), b2, eps1)
-        inner = lax.dynamic_update_slice_in_dim(inner, new, lo, 0)
-        acc_outer = acc_outer + g2
-        acc_w = acc_w + g2 * _inverse(new, guard)[:, None]
-        if x is not None:
-            xb = lax.dynamic_slice_in_dim(x, lo, size, 0).astype(dtype)
-            acc_x = acc_x + jnp.sum(xb * xb)
-        return inner, acc_outer, acc_w, acc_x
-
-    def body(i, carry):
-        return rows(i * block, block, *carry)
-
-    zeros = jnp.zeros((block, m), dtype)
-    carry = (jnp.zeros((n,), dtype), zeros, zeros, jnp.zeros((), dtype))
-    inner, acc_outer, acc_w, acc_x = lax.fori_loop(0, num_blocks, body, carry)
-    outer_sum, w = jnp.sum(acc_outer, axis=0), jnp.sum(acc_w, axis=0)
     tail = n - num_blocks * block
-    if tail:
-        tail_zeros = jnp.zeros((tail, m), dtype)
-        inner, tail_outer, tail_w, acc_x = rows(
-            num_blocks * block, tail, inner, tail_zeros, tail_zeros, acc_x
+
+    def terms(p, lo, size):
+        gb = lax.dynamic_slice(g, (p, lo, 0), (1, size, m))[0].astype(dtype)
+        inv = lax.dynamic_slice(inv_inner, (p, lo), (1, size))[0]
+        g2 = gb * gb
+        return jnp.stack([g2, g2 * inv[:, None]])
+
+    def matrix(p):
+        acc = lax.fori_loop(
+            0, num_blocks, lambda i, acc: acc + terms(p, i * block, block), jnp.zeros((2, block, m), dtype)
         )
-        outer_sum, w = outer_sum + jnp.sum(tail_outer, axis=0), w + jnp.sum(tail_w, axis=0)
-    return inner, outer_sum, w, (None if x is None else acc_x)
+        sums = jnp.sum(acc, axis=1)
+        if tail:
+            sums = sums + jnp.sum(terms(p, num_blocks * block, tail), axis=1)
+        return sums
+
+    sums = matrix(0)[None] if num_matrices == 1 else lax.map(matrix, jnp.arange(num_matrices))
+    return sums[:, 0], sums[:, 1]
 
 
 def _factored_blocked(g, x, nu, b2, eps1, row, col, guard, dtype) -> _Moments:
-    """The statistics pass for a leaf whose factored axes are its last two and all others are 1."""
+    """The statistics pass for a leaf whose factored axes are its last two (CPU).
+
+    The leaf is P matrices (n, m). The statistic averaged over the contiguous
+    last axis ("inner": the row statistic for ``factored_dims="last"``) is one
+    fast row reduction; the other ("outer") and ``w`` are column sums, taken by
+    :func:`_column_sums_blocked`. ``sum_ij G^2 / (r_i c_j)`` is symmetric in
+    ``r`` and ``c``, so ``w`` is summed against whichever is the inner one.
+    """
     shape = g.shape
     n, m = shape[-2], shape[-1]
-    g2d = g.reshape(n, m)
-    x2d = None if x is None else x.reshape(n, m)
-    # The contiguous (last) axis is summed per block; its statistic is the
-    # "inner" one. With factored_dims="last" that is the row statistic.
+    num_matrices = g.size // (n * m)
+    g3 = g.reshape(num_matrices, n, m)
     inner_is_row = col == len(shape) - 1
-    inner_old = (nu.v_row if inner_is_row else nu.v_col).reshape(n)
-    outer_old = (nu.v_col if inner_is_row else nu.v_row).reshape(m)
-    inner, outer_sum, w, sum_x2 = _blocked_sums(g2d, x2d, inner_old, b2, eps1, guard, dtype)
-    outer = _ema(outer_old.astype(dtype), outer_sum / n, b2, eps1)
-    # sum_ij G^2 / (r_i c_j) is symmetric in r and c; V's normalisation is mean(r).
-    mean_r = jnp.mean(inner if inner_is_row else outer)
-    sum_u2 = mean_r * jnp.sum(w * _inverse(outer, guard))
+    inner_old = (nu.v_row if inner_is_row else nu.v_col).reshape(num_matrices, n).astype(dtype)
+    outer_old = (nu.v_col if inner_is_row else nu.v_row).reshape(num_matrices, m).astype(dtype)
+    gc = g3.astype(dtype)
+    inner = _ema(inner_old, jnp.mean(gc * gc, axis=-1), b2, eps1)
+    outer_sum, w = _column_sums_blocked(g3, _inverse(inner, guard), dtype)
+    outer = _ema(outer_old, outer_sum / n, b2, eps1)
+    mean_r = jnp.mean(inner if inner_is_row else outer, axis=-1)
+    sum_u2 = jnp.sum(mean_r * jnp.sum(w * _inverse(outer, guard), axis=-1))
+    sum_x2 = None if x is None else jnp.sum(jnp.square(x.astype(dtype)))
     if inner_is_row:
         v_row, v_col = inner.reshape(_without(shape, col)), outer.reshape(_without(shape, row))
     else:
@@ -299,9 +293,7 @@ def _factored_moments(g, x, nu, b2, eps1, row, col, guard, dtype) -> _Moments:
     args = (g, x, nu, b2, eps1, row, col, guard, dtype)
     shape = g.shape
     blocked_ok = (
-        {row, col} == {len(shape) - 2, len(shape) - 1}
-        and g.size == shape[-2] * shape[-1]
-        and g.size >= _BLOCKED_MIN_SIZE
+        {row, col} == {len(shape) - 2, len(shape) - 1} and shape[-2] >= 8 and g.size >= _BLOCKED_MIN_SIZE
     )
     if not blocked_ok:
         return _factored_plain(*args)
