@@ -1,0 +1,1 @@
+"""Runnable examples; importable from the repository root (``from examples.transformer import ...``)."""
