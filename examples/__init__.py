@@ -1,1 +1,0 @@
-"""Runnable examples; importable from the repository root (``from examples.transformer import ...``)."""

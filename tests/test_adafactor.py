@@ -203,7 +203,7 @@ def test_float32_within_1e5_of_the_paper_over_100_steps(config):
 
 @pytest.mark.parametrize("transform", TRANSFORMS)
 def test_jit_and_eager_agree_with_the_paper(transform):
-    params, grads = random_problem(2, SHAPES, 6)
+    params, grads = random_problem(2, {"matrix": (5, 7), "rank3": (3, 4, 5), "vector": (6,)}, 3)
     oracle = PaperAdafactor(params, b1=0.5)
     expected = [oracle.step(g) for g in grads]
     _, deltas, _ = run_optkit(optkit.adafactor(b1=0.5), params, grads, jnp.float64, transform)
@@ -211,14 +211,17 @@ def test_jit_and_eager_agree_with_the_paper(transform):
         assert_rel_close(d, e, 1e-12)
 
 
-@pytest.mark.parametrize("config", [{}, {"factored_dims": "largest"}, {"eps1": 0.0, "b1": 0.8}])
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize(
+    "config, dtype",
+    [({}, jnp.float64), ({"factored_dims": "largest"}, jnp.float64), ({"eps1": 0.0, "b1": 0.8}, jnp.float64),
+     ({}, jnp.float32)],
+)
 def test_cpu_blocked_reductions_equal_the_paper(monkeypatch, config, dtype):
     """Large matrices on CPU take a loop over row blocks; force it on small ones, with a tail block."""
     monkeypatch.setattr(adafactor_module, "_BLOCKED_MIN_SIZE", 0)
     monkeypatch.setattr(adafactor_module, "_BLOCK_ELEMENTS", 64)  # 8-row blocks
     shapes = {"tall": (37, 20), "wide": (20, 37), "stacked": (2, 3, 29, 21), "vector": (9,)}
-    params, grads = random_problem(3, shapes, 20)
+    params, grads = random_problem(3, shapes, 12)
     if dtype == jnp.float32:
         params = {k: np.float32(v).astype(np.float64) for k, v in params.items()}
         grads = [{k: np.float32(v).astype(np.float64) for k, v in g.items()} for g in grads]
@@ -242,7 +245,7 @@ def test_cpu_blocked_reductions_equal_the_paper(monkeypatch, config, dtype):
     seed=st.integers(0, 2**16),
 )
 def test_any_shape_equals_the_paper(shape, factored_dims, seed):
-    params, grads = random_problem(seed, {"x": shape}, 3)
+    params, grads = random_problem(seed, {"x": shape}, 2)
     oracle = PaperAdafactor(params, factored_dims=factored_dims, b1=0.3)
     expected = [oracle.step(g) for g in grads]
     _, deltas, _ = run_optkit(optkit.adafactor(factored_dims=factored_dims, b1=0.3), params, grads,
@@ -430,7 +433,7 @@ def test_equals_optax_adafactor_in_its_configuration(momentum):
     """Largest axes, min size 128 and rho_t as a schedule: the same algorithm as optax.adafactor."""
     shapes = {"f": (130, 200), "g": (200, 130), "unfactored": (64, 300), "rank3": (3, 130, 140),
               "vector": (150,), "scalar": ()}
-    params, grads = random_problem(8, shapes, 12)
+    params, grads = random_problem(8, shapes, 8)
     with jax.enable_x64(False):
         rho = lambda count: jnp.minimum(1e-2, 1 / jnp.sqrt(count + 1.0))  # noqa: E731
         theirs = optax.adafactor(learning_rate=rho, min_dim_size_to_factor=128, momentum=momentum)
