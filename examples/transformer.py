@@ -178,7 +178,7 @@ def abstract_params(cfg: TransformerConfig) -> dict:
     pure dict), so ``jax.eval_shape(tx.init, abstract_params(cfg))`` gives the
     optimizer state's shapes without allocating anything.
     """
-    return abstract_state(cfg).to_pure_dict()
+    return nnx.to_pure_dict(abstract_state(cfg))
 
 
 def count_params(tree) -> int:

@@ -402,6 +402,22 @@ def test_state_holds_only_what_the_algorithm_needs():
     )
 
 
+def test_state_bytes_of_the_transformer_tree():
+    """Sublinear memory on a real model: rows + columns per matrix, a full array per vector."""
+    from examples.transformer import TransformerConfig, abstract_params
+
+    cfg = TransformerConfig(vocab_size=50, d_model=32, num_heads=2, num_layers=2, max_len=16)
+    params = abstract_params(cfg)
+    expected = 4  # the int32 count
+    for leaf in jax.tree.leaves(params):
+        expected += 4 * (sum(leaf.shape) if leaf.ndim == 2 else leaf.size)
+    state = jax.eval_shape(optkit.adafactor().init, params)
+    assert sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(state)) == expected
+    with_mu = jax.eval_shape(optkit.adafactor(b1=0.9).init, params)
+    mu_bytes = sum(4 * leaf.size for leaf in jax.tree.leaves(params))
+    assert sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(with_mu)) == expected + mu_bytes
+
+
 def test_state_shapes_follow_the_factored_axes():
     params = {"x": jnp.ones((5, 3, 4))}
     last = optkit.scale_by_factored_rms().init(params).nu["x"]
