@@ -135,20 +135,31 @@ def factored_axes(
     factored_dims: str = "last",
     min_dim_size_to_factor: int = 1,
 ) -> tuple[int, int] | None:
-    """Which two axes of a tensor of ``shape`` Adafactor factors over, or None.
+    """Which two axes of a tensor of ``shape`` Adafactor factors over, or None (SPEC 5).
 
-    Returns ``(row_axis, col_axis)`` (non-negative): the row statistics average
-    over ``col_axis``, the column statistics over ``row_axis``. ``"last"`` takes
-    the last two axes (SPEC 5, Decision (rank > 2)); ``"largest"`` the two
-    largest, with the second largest as the row axis and ties broken as
-    ``optax.scale_by_factored_rms`` breaks them (``numpy.argsort``). None for
-    rank < 2, ``factored=False``, or a chosen axis shorter than
-    ``min_dim_size_to_factor`` (or empty).
+    ``"last"`` takes the last two axes (SPEC 5, Decision (rank > 2): the
+    paper's matrix case for every leading index); ``"largest"`` the two
+    largest, the second largest as the row axis, ties broken as
+    ``optax.scale_by_factored_rms`` breaks them (``numpy.argsort``).
+
+    Args:
+      shape: the parameter's shape.
+      factored: False: never factor.
+      factored_dims: ``"last"`` or ``"largest"``.
+      min_dim_size_to_factor: both chosen axes must be at least this long.
+
+    Returns:
+      ``(row_axis, col_axis)``, non-negative: the row statistics average over
+      ``col_axis`` and the column statistics over ``row_axis``. None (a full
+      second moment) for rank < 2, ``factored=False``, or a chosen axis
+      shorter than ``min_dim_size_to_factor`` or empty.
 
     Example:
       >>> import optkit
       >>> optkit.factored_axes((3, 512, 256), factored_dims="largest")
       (2, 1)
+      >>> optkit.factored_axes((3, 512, 256)), optkit.factored_axes((3, 512, 256), min_dim_size_to_factor=300)
+      ((1, 2), None)
     """
     if not factored or len(shape) < 2:
         return None
