@@ -16,7 +16,7 @@ Three tables:
 
 Run from the repository root::
 
-    python -m benchmarks.adafactor           # 4096^2 and 8192^2, ~2 minutes
+    python -m benchmarks.adafactor           # 4096^2 and 8192^2, about half a minute
     python -m benchmarks.adafactor --quick   # seconds (CI smoke test)
 """
 
