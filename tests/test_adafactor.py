@@ -238,7 +238,7 @@ def test_cpu_blocked_reductions_equal_the_paper(monkeypatch, config, dtype):
         assert_rel_close(d, e, rtol)
 
 
-@settings(max_examples=10)
+@settings(max_examples=6)
 @given(
     shape=st.lists(st.integers(1, 5), min_size=0, max_size=4).map(tuple),
     factored_dims=st.sampled_from(["last", "largest"]),
@@ -315,19 +315,23 @@ def test_rho_is_used_when_learning_rate_is_none_and_caps_at_1e2():
         np.testing.assert_allclose(u["v"], -rho / np.sqrt(v) * np.ones(2), rtol=1e-14)
 
 
-def test_zero_gradients_give_zero_updates_without_nan():
-    params = {"m": jnp.ones((3, 4)), "v": jnp.ones(4), "s": jnp.ones(())}
+@pytest.mark.parametrize(
+    "eps1, dtype",
+    [(1e-30, jnp.float16), (1e-30, jnp.bfloat16), (1e-30, jnp.float32), (1e-30, jnp.float64),
+     (0.0, jnp.float32), (0.0, jnp.float64)],
+)
+def test_zero_gradients_give_zero_updates_without_nan(eps1, dtype):
+    """eps1 = 0 would make V = 0 and U = 0/0; 16-bit states cannot even hold eps1 = 1e-30."""
+    params = {"m": jnp.ones((3, 4), dtype), "v": jnp.ones(4, dtype), "s": jnp.ones((), dtype)}
     zeros = jax.tree.map(jnp.zeros_like, params)
-    for eps1 in [1e-30, 0.0]:
-        for dtype in [jnp.float32, jnp.float64]:
-            p = jax.tree.map(lambda a, dt=dtype: a.astype(dt), params)
-            tx = optkit.adafactor(eps1=eps1, b1=0.9)
-            state = tx.init(p)
-            for _ in range(3):
-                u, state = jax.jit(tx.update)(jax.tree.map(lambda a, dt=dtype: a.astype(dt), zeros), state, p)
-            for leaf in jax.tree.leaves((u, state)):
-                assert np.all(np.isfinite(leaf)), (eps1, dtype)
-            assert all(np.all(np.asarray(leaf) == 0) for leaf in jax.tree.leaves(u))
+    tx = optkit.adafactor(eps1=eps1, b1=0.9)
+    state = tx.init(params)
+    for _ in range(3):
+        u, state = jax.jit(tx.update)(zeros, state, params)
+    for leaf in jax.tree.leaves((u, state)):
+        assert np.all(np.isfinite(np.asarray(leaf, np.float64)))
+    assert all(np.all(np.asarray(leaf) == 0) for leaf in jax.tree.leaves(u))
+    assert all(leaf.dtype == dtype for leaf in jax.tree.leaves(u))
 
 
 def test_empty_leaves_stay_empty_and_finite():
@@ -447,9 +451,9 @@ def test_eval_shape_and_checkpoint_round_trip():
 @pytest.mark.parametrize("momentum", [None, 0.9])
 def test_equals_optax_adafactor_in_its_configuration(momentum):
     """Largest axes, min size 128 and rho_t as a schedule: the same algorithm as optax.adafactor."""
-    shapes = {"f": (130, 200), "g": (200, 130), "unfactored": (64, 300), "rank3": (3, 130, 140),
+    shapes = {"f": (130, 200), "g": (200, 130), "unfactored": (64, 300), "rank3": (2, 130, 129),
               "vector": (150,), "scalar": ()}
-    params, grads = random_problem(8, shapes, 8)
+    params, grads = random_problem(8, shapes, 5)
     with jax.enable_x64(False):
         rho = lambda count: jnp.minimum(1e-2, 1 / jnp.sqrt(count + 1.0))  # noqa: E731
         theirs = optax.adafactor(learning_rate=rho, min_dim_size_to_factor=128, momentum=momentum)
