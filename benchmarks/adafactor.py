@@ -33,6 +33,7 @@ import optax
 
 import optkit
 from benchmarks._timing import markdown_table, summary, time_interleaved
+from examples.lm_adafactor import load_text
 from examples.transformer import TransformerConfig, abstract_params, count_params
 
 
@@ -167,14 +168,15 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help="small shapes and few repeats (seconds)")
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args(argv)
+    vocab = len(set(load_text()))  # examples/lm_adafactor.py's model: one token per character
     if args.quick:
         shapes, repeats, warmup = [(1024, 2048)], args.repeats or 5, 1
-        configs = {"example (d=128, 3 layers)": TransformerConfig(vocab_size=104, d_model=128, num_layers=3,
+        configs = {"example (d=128, 3 layers)": TransformerConfig(vocab_size=vocab, d_model=128, num_layers=3,
                                                                   max_len=64)}
     else:
         shapes, repeats, warmup = [(4096, 4096), (8192, 8192)], args.repeats or 20, 3
         configs = {
-            "example (d=128, 3 layers)": TransformerConfig(vocab_size=104, d_model=128, num_layers=3,
+            "example (d=128, 3 layers)": TransformerConfig(vocab_size=vocab, d_model=128, num_layers=3,
                                                            max_len=64),
             "GPT-2 small size (d=768, 12 layers)": TransformerConfig(
                 vocab_size=256, d_model=768, num_heads=12, num_layers=12, max_len=1024
