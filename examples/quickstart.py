@@ -60,7 +60,11 @@ def optimizers() -> dict[str, optax.GradientTransformation]:
     }
     if hasattr(optkit, "adafactor"):
         table["optkit.adafactor"] = optkit.adafactor()
-        table["optax.adafactor"] = optax.adafactor()
+        # optax.adafactor's learning_rate=None means no step size at all; give it the paper's
+        # relative step size rho_t = min(1e-2, 1/sqrt(t)), which optkit.adafactor() uses by default.
+        table["optax.adafactor"] = optax.adafactor(
+            learning_rate=lambda count: jnp.minimum(1e-2, 1 / jnp.sqrt(count + 1.0))
+        )
     return table
 
 

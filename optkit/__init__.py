@@ -9,11 +9,22 @@ those of a published specification (see SPEC.md):
 - :func:`momentum` — ONNX ``ai.onnx.preview.training::Momentum``;
 - :func:`gradient` and :class:`Graph` — ONNX ``ai.onnx.preview.training::Gradient``
   on named tensors, as nested ``jax.vjp``.
+- :func:`adafactor` — Adafactor (Shazeer & Stern 2018), with sublinear memory;
 
 The specs' own operators, with their inputs and outputs, are in :mod:`optkit.ops`.
 """
 
 from optkit import ops
+from optkit._src.adafactor import (
+    FactoredSecondMoment,
+    FullSecondMoment,
+    ScaleByAdafactorState,
+    ScaleByFactoredRmsState,
+    adafactor,
+    factored_axes,
+    scale_by_adafactor,
+    scale_by_factored_rms,
+)
 from optkit._src.adagrad import ScaleByOnnxAdagradState, adagrad, scale_by_onnx_adagrad
 from optkit._src.adam import ScaleByDmlAdamState, adam, scale_by_dml_adam
 from optkit._src.gradient import gradient
@@ -34,5 +45,13 @@ __all__ = [
     "momentum",
     "scale_by_onnx_momentum",
     "ScaleByOnnxMomentumState",
+    "adafactor",
+    "scale_by_adafactor",
+    "scale_by_factored_rms",
+    "ScaleByAdafactorState",
+    "ScaleByFactoredRmsState",
+    "FactoredSecondMoment",
+    "FullSecondMoment",
+    "factored_axes",
 ]
 __all__ += ["gradient", "Graph", "GraphNode", "GradientNode"]

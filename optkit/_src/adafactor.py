@@ -1,0 +1,830 @@
+"""Adafactor exactly as Shazeer & Stern (ICML 2018) define it (SPEC.md section 5).
+
+Layout of this module:
+
+1. state node types: a factored leaf keeps its row and column statistics
+   (:class:`FactoredSecondMoment`), any other leaf one full second-moment array
+   (:class:`FullSecondMoment`); nothing else, no placeholder arrays;
+2. per-leaf formulas (the paper's algorithm for one tensor), with one CPU fast
+   path for the reductions of large matrices;
+3. the Optax transformations: :func:`scale_by_factored_rms` (the factored
+   second-moment normalisation alone), :func:`scale_by_adafactor` (the whole
+   step, positive) and the :func:`adafactor` alias.
+
+Passes over memory. For a factored matrix the step needs the row and column
+means of ``G^2``, ``RMS(X_{t-1})`` and ``RMS(U_t)`` before any element of the
+update can be written, so ``G`` and ``X`` must each be read at least twice.
+``RMS(U_t)`` costs no pass of its own: with ``V_ij = r_i c_j / mean(r)``,
+
+    sum_ij U_ij^2 = sum_ij G_ij^2 mean(r) / (r_i c_j) = mean(r) * sum_j w_j / c_j,
+    w_j = sum_i G_ij^2 / r_i,
+
+a column sum taken beside the column means once the row means are known. On
+GPU/TPU the statistics are plain reductions. On CPU, XLA's column reduction of
+a large matrix is several times slower than memory, so the row means are one
+fast row reduction and both column sums one loop over cached blocks of rows
+(:func:`_column_sums_blocked`): a step reads ``G`` three times and ``X``
+twice and writes ``X`` once (``optax.adam`` reads seven arrays and writes
+three; see ``benchmarks/adafactor.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+
+from optkit._src import checks
+from optkit._src.ops import compute_dtype, is_concrete_positive, params_needed_for
+
+__all__ = [
+    "FactoredSecondMoment",
+    "FullSecondMoment",
+    "ScaleByFactoredRmsState",
+    "ScaleByAdafactorState",
+    "scale_by_factored_rms",
+    "scale_by_adafactor",
+    "adafactor",
+    "factored_axes",
+]
+
+_FACTORED_DIMS = ("last", "largest")
+
+
+# ---------------------------------------------------------------------------
+# 1. State
+
+
+class FactoredSecondMoment(NamedTuple):
+    """The second-moment statistics of one factored tensor (the paper's ``R_t`` and ``C_t``).
+
+    For a leaf factored over (row axis ``a``, column axis ``b``), see
+    :func:`factored_axes`:
+
+    Attributes:
+      v_row: ``R_t / m``, the exponential average of the mean of ``G^2 + eps1``
+        over axis ``b``: the leaf's shape with axis ``b`` removed.
+      v_col: ``C_t / n``, the same over axis ``a``: the leaf's shape with axis
+        ``a`` removed.
+
+    Both keep the leaf's other axes in their order, so a sharding of the leaf
+    maps onto them by dropping one axis.
+    """
+
+    v_row: jax.Array
+    v_col: jax.Array
+
+
+class FullSecondMoment(NamedTuple):
+    """The second moment of one unfactored tensor (vectors, scalars, or ``factored=False``).
+
+    Attributes:
+      v: the exponential average of ``G^2 + eps1``, the leaf's shape.
+    """
+
+    v: jax.Array
+
+
+def _is_moment(node: Any) -> bool:
+    return isinstance(node, (FactoredSecondMoment, FullSecondMoment))
+
+
+class ScaleByFactoredRmsState(NamedTuple):
+    """State of :func:`scale_by_factored_rms`.
+
+    Attributes:
+      count: int32 scalar, the number of updates made so far; the update being
+        made is the paper's step ``t = count + 1``.
+      nu: a tree with the parameters' structure whose leaves are
+        :class:`FactoredSecondMoment` or :class:`FullSecondMoment` nodes, in
+        ``nu_dtype`` or each parameter's dtype.
+    """
+
+    count: jax.Array
+    nu: Any
+
+
+class ScaleByAdafactorState(NamedTuple):
+    """State of :func:`scale_by_adafactor` (and of :func:`adafactor`'s first link).
+
+    Attributes:
+      count: int32 scalar, the number of updates made so far (``t = count + 1``).
+      nu: the second-moment statistics, as in :class:`ScaleByFactoredRmsState`.
+      mu: the first moment (an exponential average of the final scaled update
+        ``alpha_t * U_t``) with the parameters' structure, in ``mu_dtype`` or
+        each parameter's dtype; None when ``b1`` is None.
+    """
+
+    count: jax.Array
+    nu: Any
+    mu: Any
+
+
+# ---------------------------------------------------------------------------
+# 2. Per-leaf formulas
+
+
+def factored_axes(
+    shape: tuple[int, ...],
+    *,
+    factored: bool = True,
+    factored_dims: str = "last",
+    min_dim_size_to_factor: int = 1,
+) -> tuple[int, int] | None:
+    """Which two axes of a tensor of ``shape`` Adafactor factors over, or None (SPEC 5).
+
+    ``"last"`` takes the last two axes (SPEC 5, Decision (rank > 2): the
+    paper's matrix case for every leading index); ``"largest"`` the two
+    largest, the second largest as the row axis, ties broken as
+    ``optax.scale_by_factored_rms`` breaks them (``numpy.argsort``).
+
+    Args:
+      shape: the parameter's shape.
+      factored: False: never factor.
+      factored_dims: ``"last"`` or ``"largest"``.
+      min_dim_size_to_factor: both chosen axes must be at least this long.
+
+    Returns:
+      ``(row_axis, col_axis)``, non-negative: the row statistics average over
+      ``col_axis`` and the column statistics over ``row_axis``. None (a full
+      second moment) for rank < 2, ``factored=False``, or a chosen axis
+      shorter than ``min_dim_size_to_factor`` or empty.
+
+    Example:
+      >>> import optkit
+      >>> optkit.factored_axes((3, 512, 256), factored_dims="largest")
+      (2, 1)
+      >>> optkit.factored_axes((3, 512, 256)), optkit.factored_axes((3, 512, 256), min_dim_size_to_factor=300)
+      ((1, 2), None)
+    """
+    if not factored or len(shape) < 2:
+        return None
+    if factored_dims == "last":
+        row, col = len(shape) - 2, len(shape) - 1
+    else:
+        order = np.argsort(shape)
+        row, col = int(order[-2]), int(order[-1])
+    if min(shape[row], shape[col]) < max(1, min_dim_size_to_factor):
+        return None
+    return row, col
+
+
+def _without(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    return shape[:axis] + shape[axis + 1 :]
+
+
+def _inverse(v, guard: bool):
+    """``1 / v``; 0 where ``v == 0`` if ``guard`` (only possible when eps1 may be 0)."""
+    if not guard:
+        return 1 / v
+    return jnp.where(v == 0, jnp.zeros_like(v), 1 / jnp.where(v == 0, jnp.ones_like(v), v))
+
+
+def _rsqrt(v, guard: bool):
+    """``1 / sqrt(v)``; 0 where ``v == 0`` if ``guard``."""
+    if not guard:
+        return lax.rsqrt(v)
+    return jnp.where(v == 0, jnp.zeros_like(v), lax.rsqrt(jnp.where(v == 0, jnp.ones_like(v), v)))
+
+
+def _ema(old, new_mean, b2, eps1):
+    """``b2 * old + (1 - b2) * (mean(G^2) + eps1)``: the paper's R_t, C_t and V_t updates.
+
+    ``eps1`` is added to the mean instead of to every element of ``G^2``: the
+    same number (the mean of a constant is the constant) for one addition per
+    statistic instead of one per element.
+    """
+    return b2 * old + (1 - b2) * (new_mean + eps1)
+
+
+class _Moments(NamedTuple):
+    """What the per-leaf statistics pass returns (all in the compute dtype)."""
+
+    nu: Any  # FactoredSecondMoment or FullSecondMoment, new values
+    sum_u2: jax.Array  # sum of U_t^2 over the leaf (for RMS(U_t))
+    sum_x2: jax.Array | None  # sum of X_{t-1}^2 over the leaf (for RMS(X_{t-1})), if asked
+
+
+# Factored leaves on CPU at least this large take the loop of
+# _column_sums_blocked; below it XLA's own column reductions are as fast.
+_BLOCKED_MIN_SIZE = 1 << 20
+# Elements per block of rows in that loop: about a megabyte of float32, few
+# enough iterations that the loop's own cost stays small.
+_BLOCK_ELEMENTS = 1 << 18
+
+
+def _factored_plain(g, x, nu, b2, eps1, row, col, guard, dtype) -> _Moments:
+    """The statistics pass for a factored leaf, as plain reductions (any backend, any rank)."""
+    g = g.astype(dtype)
+    g2 = g * g
+    v_row = _ema(nu.v_row.astype(dtype), jnp.mean(g2, axis=col), b2, eps1)
+    v_col = _ema(nu.v_col.astype(dtype), jnp.mean(g2, axis=row), b2, eps1)
+    inv_row = _inverse(v_row, guard)
+    w = jnp.sum(g2 * jnp.expand_dims(inv_row, col), axis=row)  # shaped like v_col
+    sum_x2 = None if x is None else jnp.sum(jnp.square(x.astype(dtype)))
+    return _Moments(FactoredSecondMoment(v_row, v_col), _sum_u2(v_row, v_col, w, row, col, guard), sum_x2)
+
+
+def _sum_u2(v_row, v_col, w, row, col, guard):
+    """``sum U^2 = sum_others mean(r) * sum_j w_j / c_j`` (see the module docstring)."""
+    row_in_r = row if row < col else row - 1
+    col_in_c = col if col < row else col - 1
+    mean_r = jnp.mean(v_row, axis=row_in_r)
+    return jnp.sum(mean_r * jnp.sum(w * _inverse(v_col, guard), axis=col_in_c))
+
+
+def _column_sums_blocked(g, inv_inner, dtype):
+    """CPU: ``(sum_i G_pij^2, sum_i G_pij^2 * inv_inner_pi)``, both (P, m), for ``g`` (P, n, m).
+
+    XLA's CPU column reduction of a large matrix runs several times slower than
+    memory allows (its (m,) accumulator is updated from every row). Here a
+    loop over blocks of rows adds each block's squares element-wise into
+    (2, block, m) accumulators that stay in cache, so ``g`` is read once; each
+    iteration is one fused element-wise kernel, and the accumulators' rows are
+    summed once per matrix at the end. Matrices ``p`` are looped over too.
+    """
+    num_matrices, n, m = g.shape
+    block = min(n, max(8, min(256, _BLOCK_ELEMENTS // m)))
+    num_blocks = n // block
+    tail = n - num_blocks * block
+
+    def terms(p, lo, size):
+        gb = lax.dynamic_slice(g, (p, lo, 0), (1, size, m))[0].astype(dtype)
+        inv = lax.dynamic_slice(inv_inner, (p, lo), (1, size))[0]
+        g2 = gb * gb
+        return jnp.stack([g2, g2 * inv[:, None]])
+
+    def matrix(p):
+        acc = lax.fori_loop(
+            0, num_blocks, lambda i, acc: acc + terms(p, i * block, block), jnp.zeros((2, block, m), dtype)
+        )
+        sums = jnp.sum(acc, axis=1)
+        if tail:
+            sums = sums + jnp.sum(terms(p, num_blocks * block, tail), axis=1)
+        return sums
+
+    sums = matrix(0)[None] if num_matrices == 1 else lax.map(matrix, jnp.arange(num_matrices))
+    return sums[:, 0], sums[:, 1]
+
+
+def _factored_blocked(g, x, nu, b2, eps1, row, col, guard, dtype) -> _Moments:
+    """The statistics pass for a leaf whose factored axes are its last two (CPU).
+
+    The leaf is P matrices (n, m). The statistic averaged over the contiguous
+    last axis ("inner": the row statistic for ``factored_dims="last"``) is one
+    fast row reduction; the other ("outer") and ``w`` are column sums, taken by
+    :func:`_column_sums_blocked`. ``sum_ij G^2 / (r_i c_j)`` is symmetric in
+    ``r`` and ``c``, so ``w`` is summed against whichever is the inner one.
+    """
+    shape = g.shape
+    n, m = shape[-2], shape[-1]
+    num_matrices = g.size // (n * m)
+    g3 = g.reshape(num_matrices, n, m)
+    inner_is_row = col == len(shape) - 1
+    inner_old = (nu.v_row if inner_is_row else nu.v_col).reshape(num_matrices, n).astype(dtype)
+    outer_old = (nu.v_col if inner_is_row else nu.v_row).reshape(num_matrices, m).astype(dtype)
+    gc = g3.astype(dtype)
+    inner = _ema(inner_old, jnp.mean(gc * gc, axis=-1), b2, eps1)
+    outer_sum, w = _column_sums_blocked(g3, _inverse(inner, guard), dtype)
+    outer = _ema(outer_old, outer_sum / n, b2, eps1)
+    mean_r = jnp.mean(inner if inner_is_row else outer, axis=-1)
+    sum_u2 = jnp.sum(mean_r * jnp.sum(w * _inverse(outer, guard), axis=-1))
+    sum_x2 = None if x is None else jnp.sum(jnp.square(x.astype(dtype)))
+    if inner_is_row:
+        v_row, v_col = inner.reshape(_without(shape, col)), outer.reshape(_without(shape, row))
+    else:
+        v_row, v_col = outer.reshape(_without(shape, col)), inner.reshape(_without(shape, row))
+    return _Moments(FactoredSecondMoment(v_row, v_col), sum_u2, sum_x2)
+
+
+def _factored_moments(g, x, nu, b2, eps1, row, col, guard, dtype) -> _Moments:
+    """New row/column statistics, ``sum U^2`` and ``sum X^2`` for a factored leaf."""
+    args = (g, x, nu, b2, eps1, row, col, guard, dtype)
+    shape = g.shape
+    blocked_ok = (
+        {row, col} == {len(shape) - 2, len(shape) - 1} and shape[-2] >= 8 and g.size >= _BLOCKED_MIN_SIZE
+    )
+    if not blocked_ok:
+        return _factored_plain(*args)
+    # The loop only pays on CPU; GPUs and TPUs reduce both ways at memory speed.
+    return lax.platform_dependent(
+        cpu=lambda: _factored_blocked(*args), default=lambda: _factored_plain(*args)
+    )
+
+
+def _full_moments(g, x, nu, b2, eps1, guard, dtype) -> _Moments:
+    """New second moment, ``sum U^2`` and ``sum X^2`` for an unfactored leaf."""
+    g = g.astype(dtype)
+    g2 = g * g
+    v = _ema(nu.v.astype(dtype), g2, b2, eps1)
+    sum_u2 = jnp.sum(g2 * _inverse(v, guard))
+    sum_x2 = None if x is None else jnp.sum(jnp.square(x.astype(dtype)))
+    return _Moments(FullSecondMoment(v), sum_u2, sum_x2)
+
+
+def _moments(g, x, nu, b2, eps1, factored_dims, guard, dtype) -> _Moments:
+    if isinstance(nu, FactoredSecondMoment):
+        row, col = _axes_of(g.shape, nu, factored_dims)
+        return _factored_moments(g, x, nu, b2, eps1, row, col, guard, dtype)
+    return _full_moments(g, x, nu, b2, eps1, guard, dtype)
+
+
+def _axes_of(shape, nu: FactoredSecondMoment, factored_dims: str) -> tuple[int, int]:
+    """The factored axes of a leaf whose state is factored (the state decided it at init)."""
+    axes = factored_axes(shape, factored=True, factored_dims=factored_dims, min_dim_size_to_factor=1)
+    assert axes is not None  # checked against the state's shapes in _check_nu
+    return axes
+
+
+def _normalized(g, moments: _Moments, factored_dims, scale, guard, dtype):
+    """``scale * G / sqrt(V_t)`` for one leaf, with the scalar ``scale`` folded into a vector.
+
+    Factored: ``V_ij = r_i c_j / mean(r)``, so ``G / sqrt(V) = G * rsqrt(r_i / mean(r)) * rsqrt(c_j)``:
+    two multiplications per element, and no product ``r_i c_j`` that could
+    underflow to 0 in float32 when the gradient is 0.
+    """
+    g = g.astype(dtype)
+    nu = moments.nu
+    if isinstance(nu, FullSecondMoment):
+        return g * (scale * _rsqrt(nu.v, guard))
+    row, col = _axes_of(g.shape, nu, factored_dims)
+    row_in_r = row if row < col else row - 1
+    mean_r = jnp.mean(nu.v_row, axis=row_in_r, keepdims=True)
+    row_factor = scale * _rsqrt(nu.v_row * _inverse(mean_r, guard), guard)
+    col_factor = _rsqrt(nu.v_col, guard)
+    return g * jnp.expand_dims(row_factor, col) * jnp.expand_dims(col_factor, row)
+
+
+def _b2(count, decay_rate, dtype):
+    """``b2_t = 1 - t^(-decay_rate)`` with ``t = count + 1``, in ``dtype`` (so ``b2_1 = 0``)."""
+    t = (count + 1).astype(dtype)
+    return 1 - t ** (-jnp.asarray(decay_rate, dtype))
+
+
+def _step_scalars(count, learning_rate, decay_rate, dtype):
+    """``(b2_t, lr_t)`` for the update with ``t = count + 1``, computed in ``dtype``.
+
+    ``lr_t`` is ``rho_t = min(1e-2, 1/sqrt(t))`` when ``learning_rate`` is None
+    (SPEC 5), ``schedule(count)`` for an Optax schedule (called with the number
+    of updates already made, as ``optax.scale_by_learning_rate`` calls it), or
+    the number itself.
+    """
+    t = (count + 1).astype(dtype)
+    b2 = _b2(count, decay_rate, dtype)
+    if learning_rate is None:
+        lr = jnp.minimum(jnp.asarray(1e-2, dtype), 1 / jnp.sqrt(t))
+    elif callable(learning_rate):
+        lr = jnp.asarray(learning_rate(count)).astype(dtype)
+    else:
+        lr = jnp.asarray(learning_rate).astype(dtype)
+    return b2, lr
+
+
+def _rms(sum_sq, size, dtype):
+    return jnp.sqrt(sum_sq / jnp.asarray(max(size, 1), dtype))
+
+
+# ---------------------------------------------------------------------------
+# Validation
+
+
+def _check_factoring_args(factored, factored_dims, min_dim_size_to_factor):
+    if not isinstance(factored, (bool, np.bool_)):
+        raise TypeError(f"factored must be a bool, got {factored!r}")
+    if not isinstance(factored_dims, str) or factored_dims not in _FACTORED_DIMS:
+        raise ValueError(
+            f"factored_dims must be one of {list(_FACTORED_DIMS)!r} (the last two axes, or the "
+            f"two largest as Optax does), got {factored_dims!r}"
+        )
+    if isinstance(min_dim_size_to_factor, (bool, np.bool_)) or (
+        hasattr(min_dim_size_to_factor, "dtype")
+        and not jnp.issubdtype(min_dim_size_to_factor.dtype, jnp.integer)
+    ) or isinstance(min_dim_size_to_factor, float):
+        raise TypeError(f"min_dim_size_to_factor must be an integer, got {min_dim_size_to_factor!r}")
+    checks.check_scalar("min_dim_size_to_factor", min_dim_size_to_factor, low=1)
+
+
+def _concrete_min_dim(min_dim_size_to_factor) -> int:
+    """``min_dim_size_to_factor`` as an int at init, where it decides the state's structure."""
+    value = checks.concrete_float(min_dim_size_to_factor)
+    if value is None:
+        raise ValueError(
+            "min_dim_size_to_factor is a traced value here (optax.inject_hyperparams with init "
+            "under jax.jit or jax.eval_shape?), but it decides which leaves are factored, that is "
+            "the state's structure; pass it as static: "
+            "optax.inject_hyperparams(optkit.adafactor, static_args=('min_dim_size_to_factor',))"
+        )
+    return int(value)
+
+
+def _init_nu(params, factored, factored_dims, min_dim_size_to_factor, nu_dtype):
+    min_dim = _concrete_min_dim(min_dim_size_to_factor)
+
+    def leaf(p):
+        p = jnp.asarray(p)
+        dtype = nu_dtype or p.dtype
+        axes = factored_axes(
+            p.shape, factored=factored, factored_dims=factored_dims, min_dim_size_to_factor=min_dim
+        )
+        if axes is None:
+            return FullSecondMoment(jnp.zeros(p.shape, dtype))
+        row, col = axes
+        return FactoredSecondMoment(
+            v_row=jnp.zeros(_without(p.shape, col), dtype), v_col=jnp.zeros(_without(p.shape, row), dtype)
+        )
+
+    return jax.tree.map(leaf, params)
+
+
+def _check_nu(nu, updates, factored_dims, name="state.nu") -> list:
+    """Check the statistics tree against ``updates``; return its per-leaf nodes in order."""
+    treedef = jax.tree.structure(updates)
+    nu_treedef = jax.tree.structure(nu, is_leaf=_is_moment)
+    if nu_treedef != treedef:
+        checks.check_same_structure(
+            jax.tree.map(lambda _: 0, nu, is_leaf=_is_moment), updates, name, "updates"
+        )
+    leaves, _ = jax.tree_util.tree_flatten_with_path(updates)
+    nodes = treedef.flatten_up_to(nu)
+    for (path, g), node in zip(leaves, nodes):
+        shape = np.shape(g)
+        where = f"{name} at {checks.keystr(path)}"
+        if isinstance(node, FullSecondMoment):
+            if np.shape(node.v) != shape:
+                raise ValueError(f"{where}: v has shape {np.shape(node.v)} but the update has shape {shape}")
+        elif isinstance(node, FactoredSecondMoment):
+            axes = factored_axes(shape, factored=True, factored_dims=factored_dims)
+            expected = None if axes is None else (_without(shape, axes[1]), _without(shape, axes[0]))
+            got = (np.shape(node.v_row), np.shape(node.v_col))
+            if expected != got:
+                raise ValueError(
+                    f"{where}: factored statistics of shapes {got} do not fit an update of shape "
+                    f"{shape} factored over factored_dims={factored_dims!r} (expected {expected})"
+                )
+        else:
+            raise TypeError(
+                f"{where} must be a FactoredSecondMoment or FullSecondMoment, got {type(node).__name__}"
+            )
+    return nodes
+
+
+# ---------------------------------------------------------------------------
+# 3. Transformations
+
+
+def scale_by_factored_rms(
+    decay_rate: float = 0.8,
+    eps1: float = 1e-30,
+    *,
+    factored: bool = True,
+    factored_dims: str = "last",
+    min_dim_size_to_factor: int = 1,
+    nu_dtype: Any = None,
+) -> optax.GradientTransformation:
+    """Adafactor's normalised gradient ``U_t = G_t / sqrt(V_t)``, before clipping and step size.
+
+    With ``t = count + 1`` and ``b2_t = 1 - t^(-decay_rate)`` (so ``b2_1 = 0``:
+    no bias correction is needed), for a factored leaf ``G`` (n x m over its
+    factored axes, see :func:`factored_axes`; any other axes index independent
+    matrices)::
+
+        R_t = b2_t * R_{t-1} + (1 - b2_t) * mean_j(G_t^2 + eps1)     # row statistics
+        C_t = b2_t * C_{t-1} + (1 - b2_t) * mean_i(G_t^2 + eps1)     # column statistics
+        V_t = R_t C_t / mean_i(R_t)
+        U_t = G_t / sqrt(V_t)
+
+    and for any other leaf ``V_t = b2_t * V_{t-1} + (1 - b2_t) * (G_t^2 + eps1)``
+    (SPEC.md section 5; Shazeer & Stern 2018, Algorithms 4 and 5). The paper's
+    sums become means (the same ``V_t``). This is the building block that
+    ``optax.scale_by_factored_rms`` also provides, with the paper's defaults and
+    a state without placeholder arrays. :func:`scale_by_adafactor` is the whole
+    algorithm.
+
+    Args:
+      decay_rate: the exponent in ``b2_t = 1 - t^(-decay_rate)`` (the paper's
+        0.8), > 0.
+      eps1: the paper's ``epsilon_1``, added to ``G^2`` (default 1e-30), >= 0.
+        With 0, a coordinate whose ``V_t`` is 0 (its gradient has always been
+        0) gets ``U = 0`` instead of 0/0.
+      factored: False keeps a full second moment for every leaf.
+      factored_dims: ``"last"`` (factor over the last two axes, as the paper,
+        tensor2tensor and Hugging Face) or ``"largest"`` (the two largest
+        axes, as Optax).
+      min_dim_size_to_factor: a leaf whose chosen axes are not both at least
+        this long keeps a full second moment; default 1 factors every leaf of
+        rank >= 2. It decides the state's structure, so under
+        ``optax.inject_hyperparams`` with a traced ``init`` it must be static.
+      nu_dtype: dtype of the statistics; None keeps each parameter's dtype.
+        float32 for bfloat16 parameters costs little (the factored statistics
+        are vectors) and keeps the averages precise.
+
+    Returns:
+      An ``optax.GradientTransformation`` with state
+      :class:`ScaleByFactoredRmsState`; updates have the gradients' dtypes
+      (arithmetic in float32 or wider).
+
+    Raises:
+      ValueError: ``decay_rate <= 0``, ``eps1 < 0``, an unknown
+        ``factored_dims``, ``min_dim_size_to_factor < 1`` (at construction);
+        gradients that do not match the state (at update, naming the path).
+      TypeError: non-floating leaves, a non-bool ``factored``, a non-integer
+        ``min_dim_size_to_factor``, a non-floating ``nu_dtype``.
+
+    Example:
+      >>> import jax.numpy as jnp, optax, optkit
+      >>> tx = optax.chain(optkit.scale_by_factored_rms(), optax.clip_by_block_rms(1.0),
+      ...                  optax.scale_by_learning_rate(1e-2))
+      >>> state = tx.init({"w": jnp.ones((3, 4))})
+      >>> state[0].nu["w"].v_row.shape, state[0].nu["w"].v_col.shape
+      ((3,), (4,))
+    """
+    checks.check_scalar("decay_rate", decay_rate, low=0.0, low_open=True)
+    checks.check_scalar("eps1", eps1, low=0.0)
+    _check_factoring_args(factored, factored_dims, min_dim_size_to_factor)
+    nu_dtype = checks.check_dtype("nu_dtype", nu_dtype)
+    guard = not is_concrete_positive(eps1)
+
+    def init_fn(params):
+        checks.check_floating(params, "params")
+        nu = _init_nu(params, factored, factored_dims, min_dim_size_to_factor, nu_dtype)
+        return ScaleByFactoredRmsState(count=jnp.zeros([], jnp.int32), nu=nu)
+
+    def update_fn(updates, state, params=None):
+        del params
+        checks.check_floating(updates, "updates")
+        nodes = _check_nu(state.nu, updates, factored_dims)
+        treedef = jax.tree.structure(updates)
+        new_updates, new_nu = [], []
+        for g, node in zip(treedef.flatten_up_to(updates), nodes):
+            g = jnp.asarray(g)
+            dtype = compute_dtype(g.dtype, *(leaf.dtype for leaf in node))
+            b2 = _b2(state.count, decay_rate, dtype)
+            moments = _moments(g, None, node, b2, eps1, factored_dims, guard, dtype)
+            u = _normalized(g, moments, factored_dims, jnp.asarray(1, dtype), guard, dtype)
+            new_updates.append(u.astype(g.dtype))
+            new_nu.append(type(node)(*(a.astype(b.dtype) for a, b in zip(moments.nu, node))))
+        count = optax.safe_increment(state.count)
+        return treedef.unflatten(new_updates), ScaleByFactoredRmsState(count, treedef.unflatten(new_nu))
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def scale_by_adafactor(
+    learning_rate: optax.ScalarOrSchedule | None = None,
+    *,
+    b1: float | None = None,
+    decay_rate: float = 0.8,
+    eps1: float = 1e-30,
+    eps2: float = 1e-3,
+    clipping_threshold: float | None = 1.0,
+    multiply_by_parameter_scale: bool = True,
+    factored: bool = True,
+    factored_dims: str = "last",
+    min_dim_size_to_factor: int = 1,
+    weight_decay_rate: float | None = None,
+    mu_dtype: Any = None,
+    nu_dtype: Any = None,
+) -> optax.GradientTransformation:
+    """The whole Adafactor step, as a positive quantity: ``X_t = X_{t-1} - update``.
+
+    :func:`adafactor` is this followed by a sign flip. Per leaf, with
+    ``t = count + 1`` and ``U_t`` from :func:`scale_by_factored_rms`::
+
+        U_t     = U_t / max(1, RMS(U_t) / d)                    # d = clipping_threshold
+        alpha_t = max(eps2, RMS(X_{t-1})) * rho_t               # rho_t: see learning_rate
+        M_t     = b1 * M_{t-1} + (1 - b1) * alpha_t * U_t        # only with b1
+        update  = M_t (or alpha_t * U_t) + weight_decay_rate * alpha_t * X_{t-1}
+
+    ``RMS(A) = sqrt(mean(A^2))`` over the whole leaf. All of it is one
+    transformation because ``rho_t``, ``b2_t``, the first moment and the decay
+    share one step count and the first moment averages the *scaled* update.
+
+    Args:
+      learning_rate: None for the paper's relative step ``rho_t = min(1e-2,
+        1/sqrt(t))``; a float or an Optax schedule (called with ``count``, the
+        number of updates already made) replaces ``rho_t`` (SPEC 5, Decision
+        (learning rate)), >= 0.
+      b1: the first-moment decay (the paper's ``beta_1``), in [0, 1), or None
+        (default: no first moment, and no state for it).
+      decay_rate, eps1, factored, factored_dims, min_dim_size_to_factor,
+        nu_dtype: as :func:`scale_by_factored_rms`.
+      eps2: the paper's ``epsilon_2``, the floor of the parameter scale
+        (default 1e-3), >= 0.
+      clipping_threshold: the paper's ``d`` (default 1), > 0, or None for no
+        update clipping.
+      multiply_by_parameter_scale: False drops the ``max(eps2, RMS(X_{t-1}))``
+        factor (then ``params`` are only needed for weight decay).
+      weight_decay_rate: decoupled weight decay ``w`` scaled by the step size,
+        as Hugging Face's Adafactor (SPEC 5, Decision (weight decay)), >= 0, or None.
+      mu_dtype: dtype of the first moment; None keeps each parameter's dtype.
+
+    Returns:
+      An ``optax.GradientTransformation`` with state :class:`ScaleByAdafactorState`.
+      Updates have the parameters' dtypes (the gradients' without params);
+      arithmetic runs in float32 or wider, and the scalars (``t``, ``b2_t``,
+      ``rho_t``, ``alpha_t``) in that dtype.
+
+    Raises:
+      ValueError: a hyperparameter out of range or an unknown ``factored_dims``
+        (at construction); mismatched trees or ``params=None`` where the
+        parameter scale or weight decay needs them (at update).
+      TypeError: non-floating leaves, non-bool flags, a non-integer
+        ``min_dim_size_to_factor``, non-floating state dtypes.
+
+    Example:
+      >>> import jax.numpy as jnp, optax, optkit
+      >>> tx = optax.chain(optkit.scale_by_adafactor(), optax.scale(-1.0))  # = optkit.adafactor()
+      >>> state = tx.init({"w": jnp.ones((3, 4)), "b": jnp.zeros(4)})
+    """
+    checks.check_scalar("learning_rate", learning_rate, low=0.0, allow_schedule=True, allow_none=True)
+    checks.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True, allow_none=True)
+    checks.check_scalar("decay_rate", decay_rate, low=0.0, low_open=True)
+    checks.check_scalar("eps1", eps1, low=0.0)
+    checks.check_scalar("eps2", eps2, low=0.0)
+    checks.check_scalar("clipping_threshold", clipping_threshold, low=0.0, low_open=True, allow_none=True)
+    if not isinstance(multiply_by_parameter_scale, (bool, np.bool_)):
+        raise TypeError(f"multiply_by_parameter_scale must be a bool, got {multiply_by_parameter_scale!r}")
+    _check_factoring_args(factored, factored_dims, min_dim_size_to_factor)
+    checks.check_scalar("weight_decay_rate", weight_decay_rate, low=0.0, allow_none=True)
+    mu_dtype = checks.check_dtype("mu_dtype", mu_dtype)
+    nu_dtype = checks.check_dtype("nu_dtype", nu_dtype)
+    guard = not is_concrete_positive(eps1)
+    decay_reason = (
+        None if weight_decay_rate is None else params_needed_for("weight_decay_rate", weight_decay_rate)
+    )
+    if multiply_by_parameter_scale:
+        params_reason = "multiply_by_parameter_scale=True (the step size max(eps2, RMS(X)) * rho_t)"
+    else:
+        params_reason = decay_reason
+
+    def init_fn(params):
+        checks.check_floating(params, "params")
+        nu = _init_nu(params, factored, factored_dims, min_dim_size_to_factor, nu_dtype)
+        mu = None if b1 is None else optax.tree.zeros_like(params, dtype=mu_dtype)
+        return ScaleByAdafactorState(count=jnp.zeros([], jnp.int32), nu=nu, mu=mu)
+
+    def update_fn(updates, state, params=None):
+        checks.check_floating(updates, "updates")
+        nodes = _check_nu(state.nu, updates, factored_dims)
+        if b1 is not None:
+            if state.mu is None:
+                raise ValueError("state.mu is None but b1 is set: the state was made with b1=None")
+            checks.check_same_shapes(state.mu, updates, "state.mu", "updates")
+        if params is None:
+            if params_reason is not None:
+                checks.check_params_given(params, "adafactor", params_reason)
+        else:
+            checks.check_same_shapes(params, updates, "params", "updates")
+        treedef = jax.tree.structure(updates)
+        grads = treedef.flatten_up_to(updates)
+        xs = [None] * len(grads) if params is None else treedef.flatten_up_to(params)
+        mus = [None] * len(grads) if b1 is None else treedef.flatten_up_to(state.mu)
+        new_updates, new_nu, new_mu = [], [], []
+        for g, node, x, m in zip(grads, nodes, xs, mus):
+            g = jnp.asarray(g)
+            x = None if x is None else jnp.asarray(x)
+            dtypes = [g.dtype, *(leaf.dtype for leaf in node)]
+            dtypes += [] if x is None else [x.dtype]
+            dtypes += [] if m is None else [m.dtype]
+            dtype = compute_dtype(*dtypes)
+            b2, lr = _step_scalars(state.count, learning_rate, decay_rate, dtype)
+            x_for_scale = x if multiply_by_parameter_scale else None
+            moments = _moments(g, x_for_scale, node, b2, eps1, factored_dims, guard, dtype)
+            alpha = lr
+            if multiply_by_parameter_scale:
+                alpha = lr * jnp.maximum(jnp.asarray(eps2, dtype), _rms(moments.sum_x2, g.size, dtype))
+            scale = alpha
+            if clipping_threshold is not None:
+                rms_u = _rms(moments.sum_u2, g.size, dtype)
+                d = jnp.asarray(clipping_threshold, dtype)
+                scale = alpha / jnp.maximum(jnp.asarray(1, dtype), rms_u / d)
+            update = _normalized(g, moments, factored_dims, scale, guard, dtype)
+            if b1 is not None:
+                b1_ = jnp.asarray(b1, dtype)
+                update = b1_ * m.astype(dtype) + (1 - b1_) * update
+                new_mu.append(update.astype(m.dtype))
+            if decay_reason is not None:
+                update = update + (jnp.asarray(weight_decay_rate, dtype) * alpha) * x.astype(dtype)
+            out_dtype = g.dtype if x is None else x.dtype
+            new_updates.append(update.astype(out_dtype))
+            new_nu.append(type(node)(*(a.astype(b.dtype) for a, b in zip(moments.nu, node))))
+        count = optax.safe_increment(state.count)
+        mu = None if b1 is None else treedef.unflatten(new_mu)
+        return treedef.unflatten(new_updates), ScaleByAdafactorState(count, treedef.unflatten(new_nu), mu)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def adafactor(
+    learning_rate: optax.ScalarOrSchedule | None = None,
+    *,
+    b1: float | None = None,
+    decay_rate: float = 0.8,
+    eps1: float = 1e-30,
+    eps2: float = 1e-3,
+    clipping_threshold: float | None = 1.0,
+    multiply_by_parameter_scale: bool = True,
+    factored: bool = True,
+    factored_dims: str = "last",
+    min_dim_size_to_factor: int = 1,
+    weight_decay_rate: float | None = None,
+    mu_dtype: Any = None,
+    nu_dtype: Any = None,
+) -> optax.GradientTransformation:
+    """Adafactor exactly as Shazeer & Stern (ICML 2018) define it, with sublinear memory.
+
+    ``optax.apply_updates(X, updates)`` gives, for each parameter tensor
+    (SPEC.md section 5), with ``t = count + 1``::
+
+        alpha_t = max(eps2, RMS(X_{t-1})) * rho_t,   rho_t = min(1e-2, 1/sqrt(t))
+        b2_t    = 1 - t^(-decay_rate)                                 # b2_1 = 0
+        R_t     = b2_t * R_{t-1} + (1 - b2_t) * mean_j(G_t^2 + eps1)   # factored leaves:
+        C_t     = b2_t * C_{t-1} + (1 - b2_t) * mean_i(G_t^2 + eps1)   #   rows and columns
+        V_t     = R_t C_t / mean_i(R_t)       # other leaves: b2_t V_{t-1} + (1 - b2_t)(G_t^2 + eps1)
+        U_t     = G_t / sqrt(V_t)
+        U_t     = U_t / max(1, RMS(U_t) / d)
+        X_t     = X_{t-1} - alpha_t * U_t
+
+    with the options: a first moment ``M_t = b1 M_{t-1} + (1 - b1) alpha_t U_t``
+    replacing ``alpha_t U_t`` (tensor2tensor), and decoupled weight decay
+    ``- weight_decay_rate * alpha_t * X_{t-1}`` (Hugging Face). With the
+    defaults it is also Hugging Face ``transformers.optimization.Adafactor``
+    with its defaults.
+
+    Memory: a factored leaf of shape (..., n, m) keeps ``(..., n)`` row and
+    ``(..., m)`` column statistics; other leaves one array of their shape; a
+    first moment only with ``b1``; one int32 step count.
+
+    How it differs from ``optax.adafactor``: there, ``learning_rate=None``
+    means no step size at all (``rho_t`` is absent) and the default
+    ``min_dim_size_to_factor`` is 128 over the two largest axes; and Optax's
+    weight decay is not scaled by the step size. ``optax.adafactor(
+    learning_rate=lambda c: jnp.minimum(1e-2, 1 / jnp.sqrt(c + 1)))`` equals
+    ``optkit.adafactor(factored_dims="largest", min_dim_size_to_factor=128)``.
+
+    Args:
+      learning_rate: None (default) for the paper's relative step size
+        ``rho_t``; a float or an Optax schedule replaces ``rho_t``, >= 0.
+      b1: the first-moment decay ``beta_1`` in [0, 1), or None (the paper's
+        default: no first moment).
+      decay_rate: the exponent of ``b2_t = 1 - t^(-decay_rate)``, > 0 (paper: 0.8).
+      eps1: ``epsilon_1``, added to ``G^2`` (paper: 1e-30), >= 0.
+      eps2: ``epsilon_2``, the floor of the parameter scale (paper: 1e-3), >= 0.
+      clipping_threshold: ``d`` (paper: 1), > 0, or None for no update clipping.
+      multiply_by_parameter_scale: False uses ``alpha_t = rho_t``.
+      factored: False keeps a full second moment for every leaf.
+      factored_dims: ``"last"`` or ``"largest"``; see :func:`factored_axes`.
+      min_dim_size_to_factor: leaves whose chosen axes are shorter keep a full
+        second moment (default 1: every leaf of rank >= 2 is factored).
+      weight_decay_rate: ``w`` in ``- w * alpha_t * X_{t-1}``, >= 0, or None.
+      mu_dtype: dtype of the first moment; None keeps each parameter's dtype.
+      nu_dtype: dtype of the second-moment statistics; None keeps each
+        parameter's dtype. For bfloat16 parameters, ``nu_dtype=jnp.float32``
+        keeps float32 statistics (the mixed-precision setting).
+
+    Returns:
+      An ``optax.GradientTransformation``: ``optax.chain`` of
+      :func:`scale_by_adafactor` and ``optax.scale(-1)``; its state is
+      ``(ScaleByAdafactorState, EmptyState())``. Updates have the parameters'
+      dtypes. Every numeric argument works under ``optax.inject_hyperparams``
+      (``min_dim_size_to_factor`` must be static if ``init`` is traced).
+
+    Raises:
+      ValueError: ``decay_rate <= 0``, ``eps1 < 0``, ``eps2 < 0``,
+        ``clipping_threshold <= 0``, ``b1`` outside [0, 1), a negative learning
+        or weight-decay rate, an unknown ``factored_dims``,
+        ``min_dim_size_to_factor < 1`` (at construction); mismatched trees,
+        ``params=None`` with the parameter scale or weight decay (at update).
+      TypeError: non-floating leaves or state dtypes, non-bool flags.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, optax, optkit
+      >>> params = {"w": jnp.ones((4, 3)), "b": jnp.zeros(3)}
+      >>> tx = optkit.adafactor()
+      >>> state = tx.init(params)
+      >>> grads = jax.grad(lambda p: jnp.sum((jnp.ones(4) @ p["w"] + p["b"]) ** 2))(params)
+      >>> updates, state = tx.update(grads, state, params)
+      >>> params = optax.apply_updates(params, updates)
+    """
+    return optax.chain(
+        scale_by_adafactor(
+            learning_rate,
+            b1=b1,
+            decay_rate=decay_rate,
+            eps1=eps1,
+            eps2=eps2,
+            clipping_threshold=clipping_threshold,
+            multiply_by_parameter_scale=multiply_by_parameter_scale,
+            factored=factored,
+            factored_dims=factored_dims,
+            min_dim_size_to_factor=min_dim_size_to_factor,
+            weight_decay_rate=weight_decay_rate,
+            mu_dtype=mu_dtype,
+            nu_dtype=nu_dtype,
+        ),
+        optax.scale(-1.0),
+    )
