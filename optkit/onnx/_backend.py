@@ -32,7 +32,7 @@ def _device(device: str) -> jax.Device:
         raise TypeError(f"device must be a string such as 'CPU' or 'CUDA:0', got {device!r}")
     kind, _, index = device.partition(":")
     platform = {"CPU": "cpu", "CUDA": "gpu"}.get(kind.upper())
-    if platform is None:
+    if platform is None or (index and not index.isdigit()):
         raise ValueError(f"device must be 'CPU' or 'CUDA[:index]', got {device!r}")
     try:
         devices = jax.devices(platform)
