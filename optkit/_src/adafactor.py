@@ -794,7 +794,15 @@ def adafactor(
       mu_dtype: dtype of the first moment; None keeps each parameter's dtype.
       nu_dtype: dtype of the second-moment statistics; None keeps each
         parameter's dtype. For bfloat16 parameters, ``nu_dtype=jnp.float32``
-        keeps float32 statistics (the mixed-precision setting).
+        keeps float32 statistics (the mixed-precision setting); float16
+        statistics overflow when the mean of ``G^2`` over a row or column
+        reaches 65520 (an RMS gradient of 256), and the tensor's updates are
+        NaN from then on (README "Precision").
+
+    A NaN or infinite gradient element makes its whole tensor's update NaN
+    (the statistics and RMS are shared over rows, columns and the tensor),
+    and the tensor stays NaN; wrap the optimizer in ``optax.apply_if_finite``
+    to skip such steps (README "Non-finite gradients").
 
     Returns:
       An ``optax.GradientTransformation``: ``optax.chain`` of

@@ -4,8 +4,10 @@ Everything that can be known before running is checked here, at load time,
 so that a bad model fails before any computation: the protobuf parses,
 ``onnx.checker`` accepts it, every operator version is in the op table, every
 node's arity and attributes are valid (each handler validates its node when
-it is built), every element type is one optkit runs, and the graph is closed
-(:meth:`optkit.Graph.validate`).
+it is built), every element type is one optkit runs, no declared shape is
+negative or above ``MAX_TENSOR_BYTES``, and the graph is closed
+(:meth:`optkit.Graph.validate`). Node outputs are checked against
+``MAX_TENSOR_BYTES`` when the graph is traced, before XLA runs it.
 """
 
 from __future__ import annotations
@@ -392,9 +394,15 @@ def to_graph(model: ModelSource) -> Graph:
     nodes) and each operator version's ONNX documentation.
 
     Raises:
-      ValueError: malformed bytes, a model ``onnx.checker`` rejects, a node
-        with invalid attributes or arity (e.g. an optimizer whose input count
-        is not ``2 + k*n``, a Momentum without its required attributes).
+      ValueError: malformed bytes (text that is not UTF-8 included), a model
+        ``onnx.checker`` rejects, a node with invalid attributes or arity
+        (e.g. an optimizer whose input count is not ``2 + k*n``, a Momentum
+        without its required attributes), a declared shape with a negative
+        dimension or above ``MAX_TENSOR_BYTES`` (2**38 bytes, 256 GiB). When
+        the graph is traced (jit, ``jax.eval_shape``, :class:`BackendRep`), a
+        node whose output would exceed ``MAX_TENSOR_BYTES`` raises
+        ``ValueError`` before anything is computed; a node computed from
+        constants alone is checked abstractly before it is folded.
       UnsupportedOpError: an operator, operator version or element type that
         optkit does not run; the message names op type, domain and opset.
 
