@@ -154,6 +154,12 @@ def factored_axes(
       second moment) for rank < 2, ``factored=False``, or a chosen axis
       shorter than ``min_dim_size_to_factor`` or empty.
 
+    Raises:
+      TypeError: ``shape`` is not a sequence of integers, a non-bool
+        ``factored``, a non-integer ``min_dim_size_to_factor``.
+      ValueError: a negative entry in ``shape``, an unknown
+        ``factored_dims``, ``min_dim_size_to_factor < 1``.
+
     Example:
       >>> import optkit
       >>> optkit.factored_axes((3, 512, 256), factored_dims="largest")
@@ -161,6 +167,8 @@ def factored_axes(
       >>> optkit.factored_axes((3, 512, 256)), optkit.factored_axes((3, 512, 256), min_dim_size_to_factor=300)
       ((1, 2), None)
     """
+    shape = checks.check_shape("shape", shape)
+    _check_factoring_args(factored, factored_dims, min_dim_size_to_factor)
     if not factored or len(shape) < 2:
         return None
     if factored_dims == "last":
@@ -361,7 +369,7 @@ def _normalized(g, moments: _Moments, factored_dims, scale, guard, dtype):
 
 def _b2(count, decay_rate, dtype):
     """``b2_t = 1 - t^(-decay_rate)`` with ``t = count + 1``, in ``dtype`` (so ``b2_1 = 0``)."""
-    t = (count + 1).astype(dtype)
+    t = count.astype(dtype) + 1  # in dtype: count + 1 in int32 wraps to -2^31 at the last count
     return 1 - t ** (-jnp.asarray(decay_rate, dtype))
 
 
@@ -373,7 +381,7 @@ def _step_scalars(count, learning_rate, decay_rate, dtype):
     of updates already made, as ``optax.scale_by_learning_rate`` calls it), or
     the number itself.
     """
-    t = (count + 1).astype(dtype)
+    t = count.astype(dtype) + 1
     b2 = _b2(count, decay_rate, dtype)
     if learning_rate is None:
         lr = jnp.minimum(jnp.asarray(1e-2, dtype), 1 / jnp.sqrt(t))
@@ -555,6 +563,7 @@ def scale_by_factored_rms(
 
     def update_fn(updates, state, params=None):
         del params
+        checks.check_state(state, ScaleByFactoredRmsState, "scale_by_factored_rms")
         checks.check_floating(updates, "updates")
         nodes = _check_nu(state.nu, updates, factored_dims)
         treedef = jax.tree.structure(updates)
@@ -668,6 +677,7 @@ def scale_by_adafactor(
         return ScaleByAdafactorState(count=jnp.zeros([], jnp.int32), nu=nu, mu=mu)
 
     def update_fn(updates, state, params=None):
+        checks.check_state(state, ScaleByAdafactorState, "scale_by_adafactor")
         checks.check_floating(updates, "updates")
         nodes = _check_nu(state.nu, updates, factored_dims)
         if b1 is not None:
@@ -678,7 +688,7 @@ def scale_by_adafactor(
             if params_reason is not None:
                 checks.check_params_given(params, "adafactor", params_reason)
         else:
-            checks.check_same_shapes(params, updates, "params", "updates")
+            checks.check_params(params, updates)
         treedef = jax.tree.structure(updates)
         grads = treedef.flatten_up_to(updates)
         xs = [None] * len(grads) if params is None else treedef.flatten_up_to(params)
@@ -784,7 +794,15 @@ def adafactor(
       mu_dtype: dtype of the first moment; None keeps each parameter's dtype.
       nu_dtype: dtype of the second-moment statistics; None keeps each
         parameter's dtype. For bfloat16 parameters, ``nu_dtype=jnp.float32``
-        keeps float32 statistics (the mixed-precision setting).
+        keeps float32 statistics (the mixed-precision setting); float16
+        statistics overflow when the mean of ``G^2`` over a row or column
+        reaches 65520 (an RMS gradient of 256), and the tensor's updates are
+        NaN from then on (README "Precision").
+
+    A NaN or infinite gradient element makes its whole tensor's update NaN
+    (the statistics and RMS are shared over rows, columns and the tensor),
+    and the tensor stays NaN; wrap the optimizer in ``optax.apply_if_finite``
+    to skip such steps (README "Non-finite gradients").
 
     Returns:
       An ``optax.GradientTransformation``: ``optax.chain`` of

@@ -67,7 +67,11 @@ def scale_by_onnx_adagrad(
       initial_accumulator_value: the starting value of ``H``; >= 0.
       accumulator_dtype: dtype of ``H`` (e.g. ``jnp.float32`` for bfloat16
         parameters); None keeps each parameter's dtype. Arithmetic runs in
-        float32 or wider either way.
+        float32 or wider either way, but the stored ``H`` has the range of
+        its dtype: a float16 ``H`` overflows at a single ``|G| >= 256``
+        (``G^2 >= 65520``; that coordinate's updates are 0 afterwards) and
+        stays 0 for ``|G| < 1.7e-4`` (steps ``sqrt(T)`` times too large); a
+        bfloat16 ``H`` stalls (``256 + 1`` rounds to 256). README "Precision".
 
     Returns:
       An ``optax.GradientTransformation`` with state :class:`ScaleByOnnxAdagradState`.
@@ -109,6 +113,7 @@ def scale_by_onnx_adagrad(
         return ScaleByOnnxAdagradState(count=jnp.zeros([], jnp.int32), sum_of_squares=sum_of_squares)
 
     def update_fn(updates, state, params=None):
+        checks.check_state(state, ScaleByOnnxAdagradState, "scale_by_onnx_adagrad")
         checks.check_update_inputs(
             "scale_by_onnx_adagrad", updates, {"state.sum_of_squares": state.sum_of_squares},
             params, params_reason,
@@ -165,7 +170,14 @@ def adagrad(
         in ``update`` when not 0).
       eps: ONNX ``epsilon``, >= 0; default 1e-6 (the schema's default).
       initial_accumulator_value: starting value of ``H``, >= 0.
-      accumulator_dtype: dtype of ``H``; None keeps each parameter's dtype.
+      accumulator_dtype: dtype of ``H``; None keeps each parameter's dtype;
+        float32 for 16-bit parameters (see :func:`scale_by_onnx_adagrad`).
+
+    A NaN gradient element makes that element's update and ``H`` NaN for
+    good; an infinite one makes the update NaN and ``H`` infinite (the
+    element's later updates are 0). Wrap the optimizer in
+    ``optax.apply_if_finite`` to skip such steps (README "Non-finite
+    gradients").
 
     Returns:
       An ``optax.GradientTransformation``: ``optax.chain`` of

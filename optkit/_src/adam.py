@@ -69,8 +69,13 @@ def scale_by_dml_adam(
       norm_coefficient: ONNX ``norm_coefficient``, >= 0; needs ``params`` when not 0.
       mu_dtype: dtype of the first moment; None keeps each parameter's dtype.
       nu_dtype: dtype of the second moment; None keeps each parameter's dtype.
-        Keep it float32 for float16 parameters whose gradients may exceed 256
-        (``G * G`` overflows float16 there).
+        Keep it float32 for 16-bit parameters (README "Precision"). The
+        arithmetic is float32 either way, but a float16 ``V`` overflows once
+        ``b2 * V + (1 - b2) * G^2`` reaches 65520 (a single ``|G| >= 8094``
+        for b2 = 0.999, or a sustained ``|G|`` near 256), after which that
+        coordinate's updates are 0; it also stays 0 for ``|G| < 5.5e-3``
+        (steps up to ``1 / sqrt(1 - b2)`` times too large); a bfloat16 ``V``
+        stalls (8 bits cannot hold a change of ``1 - b2``).
 
     Returns:
       An ``optax.GradientTransformation`` with state :class:`ScaleByDmlAdamState`;
@@ -102,6 +107,7 @@ def scale_by_dml_adam(
         return ScaleByDmlAdamState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu)
 
     def update_fn(updates, state, params=None):
+        checks.check_state(state, ScaleByDmlAdamState, "scale_by_dml_adam")
         checks.check_update_inputs(
             "scale_by_dml_adam", updates, {"state.mu": state.mu, "state.nu": state.nu},
             params, params_reason,
@@ -191,6 +197,13 @@ def adam(
       norm_coefficient_post: ONNX ``norm_coefficient_post`` (shrinkage after
         the step), in [0, 1).
       mu_dtype, nu_dtype: dtypes of the moments; None keeps each parameter's.
+        float32 for 16-bit parameters: see :func:`scale_by_dml_adam`.
+
+    A NaN or infinite gradient element makes that element's update NaN and
+    its moments non-finite for good; wrap the optimizer in
+    ``optax.apply_if_finite`` to skip such steps (README "Non-finite
+    gradients"). ``b1`` and ``b2`` close to 1 are fine in float32 (the bias
+    correction is computed from ``1 - b``).
 
     Returns:
       An ``optax.GradientTransformation``: ``optax.chain`` of

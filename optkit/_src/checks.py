@@ -28,6 +28,11 @@ __all__ = [
     "check_params_given",
     "keystr",
     "check_update_inputs",
+    "check_params",
+    "check_state",
+    "check_step_count",
+    "check_rate_scalar",
+    "check_shape",
 ]
 
 
@@ -120,6 +125,29 @@ def _range_text(low, high, low_open, high_open) -> str:
     if low is None:
         return f"< {high:g}" if high_open else f"<= {high:g}"
     return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+def check_shape(name: str, shape: Any, *, allow_none: bool = False) -> tuple[int | None, ...]:
+    """``shape`` as a tuple of Python ints, each non-negative (or None, if ``allow_none``).
+
+    Raises:
+      TypeError: ``shape`` is not a sequence of integers (None, a string, a float entry...).
+      ValueError: an entry is negative.
+    """
+    what = "a sequence of non-negative integers" + (" and None (free dimensions)" if allow_none else "")
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, (Sequence, np.ndarray)):
+        raise TypeError(f"{name} must be {what}, got {shape!r}")
+    dims: list[int | None] = []
+    for d in shape:
+        if d is None and allow_none:
+            dims.append(None)
+            continue
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+            raise TypeError(f"{name} must be {what}, got the entry {d!r} in {tuple(shape)!r}")
+        if d < 0:
+            raise ValueError(f"{name} must be {what}, got {d} in {tuple(shape)!r}")
+        dims.append(int(d))
+    return tuple(dims)
 
 
 def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
@@ -231,6 +259,34 @@ def check_params_given(params: Any, transformation: str, reason: str) -> None:
         )
 
 
+def check_params(params: Any, updates: Any) -> None:
+    """``params`` given to ``update`` must match ``updates`` (structure and shapes) and be floating.
+
+    ``init`` refuses non-floating parameters; ``update`` refuses them too, so a
+    tree with an integer leaf cannot slip in at the second call.
+    """
+    check_same_shapes(params, updates, "params", "updates")
+    check_floating(params, "params")
+
+
+def check_state(state: Any, state_type: type, transformation: str) -> None:
+    """Raise ``TypeError`` unless ``state`` has the fields of ``state_type`` (what ``init`` returned).
+
+    Duck-typed on the NamedTuple's fields, so a state restored from a
+    checkpoint (Orbax, ``flax.serialization``) into the same NamedTuple passes;
+    None, a dict, or another optimizer's state fails here with a message
+    instead of an ``AttributeError`` deep inside ``update``.
+    """
+    fields = getattr(state_type, "_fields", ())
+    if all(hasattr(state, field) for field in fields):
+        return
+    raise TypeError(
+        f"{transformation}: state must be the {state_type.__name__} that its init returned "
+        f"(fields {list(fields)}), got {type(state).__name__}; did you pass another "
+        f"optimizer's state, or None?"
+    )
+
+
 def check_update_inputs(
     transformation: str,
     updates: Any,
@@ -242,8 +298,9 @@ def check_update_inputs(
 
     ``updates`` must be floating; each tree of ``state_trees`` (named as the
     user would write it, e.g. ``"state.mu"``) and ``params`` (when given) must
-    have the same structure and shapes as ``updates``. ``params_needed_for``,
-    when not None, says which term needs ``params`` so that None is an error.
+    have the same structure and shapes as ``updates``, and ``params`` must be
+    floating. ``params_needed_for``, when not None, says which term needs
+    ``params`` so that None is an error.
     """
     check_floating(updates, "updates")
     for name, tree in state_trees.items():
@@ -252,4 +309,67 @@ def check_update_inputs(
         if params_needed_for is not None:
             check_params_given(params, transformation, params_needed_for)
     else:
-        check_same_shapes(params, updates, "params", "updates")
+        check_params(params, updates)
+
+
+def _scalar_dtype(name: str, value: Any, what: str) -> Any:
+    """The dtype ``value`` has as a JAX array, or a ``TypeError`` naming ``name``.
+
+    ``jnp.result_type`` reads a string as a dtype name ("0.1" gives "data type
+    '.1' not understood") and None as float32; both are refused here.
+    """
+    if value is None or isinstance(value, (str, bytes)) or (callable(value) and not hasattr(value, "dtype")):
+        raise TypeError(f"{name} must be {what}, got {value!r}")
+    try:
+        return jnp.result_type(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be {what}, got {value!r}") from None
+
+
+def check_step_count(name: str, value: Any) -> jax.Array:
+    """A spec op's step input ``T``: an integer scalar >= 0 (checked when concrete), as an array.
+
+    Raises:
+      TypeError: ``value`` is not an integer (bool, float, None, a string...).
+      ValueError: ``value`` is not a scalar, is negative, or is a Python int
+        too large for the integer dtype JAX uses (int32 without
+        ``jax_enable_x64``).
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        # A Python int becomes JAX's default integer (int32 without jax_enable_x64).
+        limit = np.iinfo(jax.dtypes.canonicalize_dtype(np.int64)).max
+        if value < 0:
+            raise ValueError(f"{name} (the step count) must be >= 0, got {value}")
+        if value > limit:
+            raise ValueError(
+                f"{name} = {value} does not fit JAX's default integer type (largest {limit}); "
+                f"enable 64-bit integers with jax.enable_x64(True) or pass a smaller step count"
+            )
+    dtype = _scalar_dtype(name, value, "an integer scalar (the step count)")
+    shape = jnp.shape(value)
+    if shape != ():
+        raise ValueError(f"{name} must be a scalar (shape ()), got shape {shape}")
+    if not jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_):
+        raise TypeError(f"{name} (the step count) must be an integer scalar, got dtype {dtype}")
+    concrete = concrete_float(value)
+    if concrete is not None and concrete < 0:
+        raise ValueError(f"{name} (the step count) must be >= 0, got {int(concrete)}")
+    return jnp.asarray(value)
+
+
+def check_rate_scalar(name: str, value: Any) -> jax.Array:
+    """A spec op's learning-rate input ``R``: a finite floating scalar >= 0, as an array.
+
+    Raises:
+      TypeError: ``value`` is not floating point (an int, None, a string...).
+      ValueError: ``value`` is not a scalar, negative, NaN or infinite
+        (tracers are not range-checked).
+    """
+    dtype = _scalar_dtype(name, value, "a floating-point scalar")
+    shape = jnp.shape(value)
+    if shape != ():
+        raise ValueError(f"{name} must be a scalar (shape ()), got shape {shape}")
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"{name} must be a floating-point scalar, got dtype {dtype}")
+    check_scalar(name, value, low=0.0)
+    return jnp.asarray(value)

@@ -77,6 +77,9 @@ def check_gradient_names(xs: Any, zs: Any, y: Any, *, y_required: bool) -> tuple
 
 def check_differentiable(name: str, value: Any) -> None:
     """Raise ``ValueError`` naming ``xs`` tensor ``name`` if ``value`` is not floating point."""
+    if not jax.tree_util.tree_leaves(value):
+        raise ValueError(f"xs tensor {name!r} was fed {value!r}, which holds no array; feed a "
+                         f"floating-point array (or a pytree of them) to differentiate")
     try:
         check_floating(value, f"xs tensor {name!r}")
     except TypeError as err:
@@ -85,6 +88,9 @@ def check_differentiable(name: str, value: Any) -> None:
 
 
 def _check_target(y_name: str, value: Any) -> None:
+    if not jax.tree_util.tree_leaves(value):
+        raise ValueError(f"y tensor {y_name!r} is {value!r}, which holds no array; the function "
+                         f"must compute a floating-point y to differentiate")
     try:
         check_floating(value, f"y tensor {y_name!r}")
     except TypeError as err:
@@ -118,22 +124,24 @@ def differentiate(
     return tuple(grads)
 
 
-def _parameters(fun: Callable[..., Any]) -> tuple[set[str], set[str]] | None:
-    """(names ``fun`` accepts by keyword, names it requires); None if it takes **kwargs
-    or has no inspectable signature."""
+def _parameters(fun: Callable[..., Any]) -> tuple[set[str], set[str], list[str]] | None:
+    """(names ``fun`` accepts by keyword, names it requires, its positional-only names);
+    None if it takes **kwargs or has no inspectable signature."""
     try:
         signature = inspect.signature(fun)
     except (TypeError, ValueError):
         return None
-    accepted, required = set(), set()
+    accepted, required, positional_only = set(), set(), []
     for p in signature.parameters.values():
         if p.kind is p.VAR_KEYWORD:
             return None
+        if p.kind is p.POSITIONAL_ONLY:
+            positional_only.append(p.name)
         if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
             accepted.add(p.name)
             if p.default is p.empty:
                 required.add(p.name)
-    return accepted, required
+    return accepted, required, positional_only
 
 
 def _select(out: Any, y: str | None) -> Any:
@@ -197,8 +205,9 @@ def gradient(
       ValueError: ``xs`` is empty; a name repeats or is in both ``xs`` and
         ``zs``; ``fun``'s signature lacks a name in ``xs``/``zs`` or needs an
         argument they do not provide. When called: the wrong number of
-        values; an integer, boolean or complex ``xs`` value; a non-floating
-        ``y``; ``y`` not among the tensors ``fun`` returns.
+        values; an integer, boolean or complex ``xs`` value, or one that holds
+        no array (None); a non-floating ``y`` or one that holds no array;
+        ``y`` not among the tensors ``fun`` returns.
 
     Source: SPEC section 6 (ONNX ``ai.onnx.preview.training::Gradient``, v1).
 
@@ -221,11 +230,14 @@ def gradient(
     names = xs + zs
     params = _parameters(fun)
     if params is not None:
-        accepted, required = params
+        accepted, required, positional_only = params
         for name in names:
             if name not in accepted:
+                hint = (f" (its positional-only parameters {positional_only} cannot be; wrap it, "
+                        f"e.g. lambda {name}: fun({name}))" if positional_only else "")
                 raise ValueError(f"tensor {name!r} (in {'xs' if name in xs else 'zs'}) is not "
-                                 f"an input of fun, whose inputs are {sorted(accepted)}")
+                                 f"an input of fun that can be passed by keyword; those are "
+                                 f"{sorted(accepted)}{hint}")
         missing = sorted(required - set(names))
         if missing:
             raise ValueError(f"fun needs the input {missing[0]!r}, which is in neither xs nor "

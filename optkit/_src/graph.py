@@ -23,6 +23,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from optkit._src.checks import check_shape
 from optkit._src.gradient import (
     check_differentiable,
     check_gradient_names,
@@ -150,7 +151,9 @@ class Graph:
       initializers: a mapping from names to constant tensors.
 
     Raises:
-      TypeError, ValueError: a name that is empty, not a string, or declared twice.
+      TypeError, ValueError: a name that is empty, not a string, or declared twice;
+        an input spec that is not None, ``(shape, dtype)`` or shaped and typed
+        (see :meth:`add_input`); ``initializers`` that is not a mapping.
 
     Source: SPEC section 6; the ONNX graph (IR) model of inputs, initializers and nodes.
 
@@ -189,12 +192,19 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
                     self.add_input(name)
                 elif hasattr(spec, "shape") and hasattr(spec, "dtype"):
                     self.add_input(name, spec.shape, spec.dtype)
-                else:
+                elif isinstance(spec, (tuple, list)) and len(spec) == 2:
                     shape, dtype = spec
                     self.add_input(name, shape, dtype)
+                else:
+                    raise TypeError(f"graph input {name!r}: expected None, a (shape, dtype) pair or "
+                                    f"an object with .shape and .dtype (jax.ShapeDtypeStruct), "
+                                    f"got {spec!r}")
         else:
             for name in check_names("inputs", inputs):
                 self.add_input(name)
+        if initializers is not None and not isinstance(initializers, Mapping):
+            raise TypeError(f"initializers must be a mapping from tensor names to constant "
+                            f"tensors, got {type(initializers).__name__}")
         for name, value in (initializers or {}).items():
             self.add_initializer(name, value)
         if outputs is not None:
@@ -233,12 +243,21 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
           dtype: the expected dtype; None leaves it unchecked.
 
         Raises:
-          ValueError: ``name`` is already a graph input or a node output.
+          ValueError: ``name`` is already a graph input or a node output; a
+            negative dimension.
+          TypeError: ``shape`` is not a sequence of integers and None, or
+            ``dtype`` is not a dtype.
         """
         self._claim(name, "graph input", input_and_initializer=True)
         if shape is not None:
-            shape = tuple(None if d is None else int(d) for d in shape)
-        self._inputs[name] = _InputSpec(shape, None if dtype is None else jnp.dtype(dtype))
+            shape = check_shape(f"graph input {name!r}: shape", shape, allow_none=True)
+        if dtype is not None:
+            try:
+                dtype = jnp.dtype(dtype)
+            except TypeError:
+                raise TypeError(f"graph input {name!r}: dtype must be a NumPy/JAX dtype, "
+                                f"got {dtype!r}") from None
+        self._inputs[name] = _InputSpec(shape, dtype)
         self._changed()
 
     def add_initializer(self, name: str, value: Any) -> None:
@@ -658,7 +677,11 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
             the outputs need that is not fed; an invalid graph
             (:meth:`validate`); an integer or boolean value fed for a
             Gradient's ``xs``.
+          TypeError: ``feeds`` is not a mapping.
         """
+        if not isinstance(feeds, Mapping):
+            raise TypeError(f"feeds must be a mapping from tensor names to values, got "
+                            f"{type(feeds).__name__}; as_function() takes positional values")
         single = isinstance(outputs, str)
         if outputs is None:
             outputs = self.outputs
@@ -743,7 +766,10 @@ def _tensor_names(arg: str, names: Sequence[str]) -> tuple[str, ...]:
     if isinstance(names, (str, bytes)):
         raise TypeError(f"{arg} must be a sequence of tensor names, got the string "
                         f"{names!r}; write [{names!r}]")
-    names = tuple(names)
+    try:
+        names = tuple(names)
+    except TypeError:
+        raise TypeError(f"{arg} must be a sequence of tensor names, got {names!r}") from None
     for name in names:
         if not isinstance(name, str):
             raise TypeError(f"{arg} must hold strings, got {name!r}")

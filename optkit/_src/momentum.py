@@ -52,6 +52,11 @@ def scale_by_onnx_momentum(
       nesterov: ONNX ``mode``: False for "standard", True for "nesterov".
       norm_coefficient: ONNX ``norm_coefficient``, >= 0; needs ``params`` when not 0.
       accumulator_dtype: dtype of ``V``; None keeps each parameter's dtype.
+        A float16 ``V`` overflows when ``|V|`` reaches 65520 (``V -> beta * G /
+        (1 - alpha)``: a sustained ``|G| >= 6552`` for alpha = 0.9, beta = 1).
+        The update is ``V`` itself, in the gradients' dtype, so float16
+        gradients that large overflow it even with float32 state; pass
+        float32 gradients then (README "Precision").
 
     Returns:
       An ``optax.GradientTransformation`` with state :class:`ScaleByOnnxMomentumState`.
@@ -81,6 +86,7 @@ def scale_by_onnx_momentum(
         return ScaleByOnnxMomentumState(count=jnp.zeros([], jnp.int32), trace=trace)
 
     def update_fn(updates, state, params=None):
+        checks.check_state(state, ScaleByOnnxMomentumState, "scale_by_onnx_momentum")
         checks.check_update_inputs(
             "scale_by_onnx_momentum", updates, {"state.trace": state.trace},
             params, params_reason,
@@ -136,7 +142,13 @@ def momentum(
       beta: ONNX ``beta``, >= 0.
       nesterov: ONNX ``mode == "nesterov"``.
       norm_coefficient: ONNX ``norm_coefficient``, >= 0.
-      accumulator_dtype: dtype of ``V``; None keeps each parameter's dtype.
+      accumulator_dtype: dtype of ``V``; None keeps each parameter's dtype
+        (see :func:`scale_by_onnx_momentum` for float16).
+
+    A NaN gradient element makes that element's update and ``V`` NaN for
+    good, an infinite one makes them infinite for good; wrap the optimizer
+    in ``optax.apply_if_finite`` to skip such steps (README "Non-finite
+    gradients").
 
     Returns:
       An ``optax.GradientTransformation``: ``optax.chain`` of

@@ -32,7 +32,7 @@ def _device(device: str) -> jax.Device:
         raise TypeError(f"device must be a string such as 'CPU' or 'CUDA:0', got {device!r}")
     kind, _, index = device.partition(":")
     platform = {"CPU": "cpu", "CUDA": "gpu"}.get(kind.upper())
-    if platform is None:
+    if platform is None or (index and not index.isdigit()):
         raise ValueError(f"device must be 'CPU' or 'CUDA[:index]', got {device!r}")
     try:
         devices = jax.devices(platform)
@@ -218,7 +218,8 @@ class BackendRep(onnx.backend.base.BackendRep):
           TypeError: a value of the wrong dtype, or not an array.
           ValueError: a wrong shape, an unknown or missing input.
           TypeError, ValueError: an error raised while the graph is traced
-            (e.g. incompatible shapes inside the graph), before anything runs.
+            (e.g. incompatible shapes inside the graph, or a node output above
+            2**38 bytes), before anything runs.
         """
         if kwargs:
             raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
@@ -354,7 +355,8 @@ def prepare(model: ModelSource, device: str = "CPU", *, jit: bool = True) -> Bac
     Raises:
       ValueError: malformed bytes, a model ``onnx.checker`` rejects, an
         invalid node (optimizer input count not ``2 + k*n``, missing
-        required attributes...), a bad device.
+        required attributes...), a declared shape with a negative dimension
+        or above 2**38 bytes, a bad device.
       UnsupportedOpError: an operator, operator version or element type
         optkit does not run (the message names op type, domain and opset).
 

@@ -4,13 +4,16 @@ Everything that can be known before running is checked here, at load time,
 so that a bad model fails before any computation: the protobuf parses,
 ``onnx.checker`` accepts it, every operator version is in the op table, every
 node's arity and attributes are valid (each handler validates its node when
-it is built), every element type is one optkit runs, and the graph is closed
-(:meth:`optkit.Graph.validate`).
+it is built), every element type is one optkit runs, no declared shape is
+negative or above ``MAX_TENSOR_BYTES``, and the graph is closed
+(:meth:`optkit.Graph.validate`). Node outputs are checked against
+``MAX_TENSOR_BYTES`` when the graph is traced, before XLA runs it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from typing import IO
@@ -26,6 +29,7 @@ from onnx import numpy_helper
 from optkit._src.graph import Graph
 from optkit.onnx import _standard, _training  # noqa: F401  (they fill the op table)
 from optkit.onnx._table import (
+    _DTYPES,
     TRAINING_DOMAIN,
     NodeContext,
     OpSpec,
@@ -38,9 +42,42 @@ from optkit.onnx._table import (
     parse_attributes,
 )
 
-__all__ = ["ModelSource", "InputInfo", "load_model", "to_graph", "convert"]
+__all__ = ["ModelSource", "InputInfo", "load_model", "to_graph", "convert", "MAX_TENSOR_BYTES"]
 
 ModelSource = onnx.ModelProto | bytes | bytearray | memoryview | str | os.PathLike | IO[bytes]
+
+# The largest tensor a model may declare or a node may compute: 256 GiB, more
+# than any single accelerator holds today, so a larger one can only be a corrupt
+# or hostile model. Checked before anything is allocated: declared shapes at
+# load, node outputs when the graph is traced (before XLA runs it).
+MAX_TENSOR_BYTES = 2**38
+
+
+def _check_size(shape: tuple[int, ...], dtype: np.dtype | None, what: str) -> None:
+    """Raise ``ValueError`` naming ``what`` if a tensor of ``shape`` exceeds ``MAX_TENSOR_BYTES``."""
+    elements = math.prod(shape)
+    itemsize = 1 if dtype is None else np.dtype(dtype).itemsize
+    if elements * itemsize > MAX_TENSOR_BYTES:
+        kind = "" if dtype is None else f" of {np.dtype(dtype).name}"
+        raise ValueError(f"{what} has shape {tuple(shape)}: {elements:.4g} elements{kind}, "
+                         f"{elements * itemsize:.4g} bytes, more than optkit.onnx's limit of "
+                         f"{MAX_TENSOR_BYTES} bytes ({MAX_TENSOR_BYTES / 2**30:g} GiB) for one tensor; it is "
+                         f"refused before anything is allocated")
+
+
+def _check_declared_shape(value_info: onnx.ValueInfoProto, what: str) -> None:
+    """A declared (graph output or value_info) tensor shape: no negative or oversized dimensions."""
+    if value_info.type.WhichOneof("value") != "tensor_type":
+        return
+    tensor = value_info.type.tensor_type
+    if not tensor.HasField("shape"):
+        return
+    fixed = [int(d.dim_value) for d in tensor.shape.dim if d.WhichOneof("value") == "dim_value"]
+    negative = [d for d in fixed if d < 0]
+    if negative:
+        raise ValueError(f"{what} {value_info.name!r} declares the negative dimension {negative[0]}")
+    dtype = _DTYPES.get(tensor.elem_type)
+    _check_size(tuple(fixed), dtype, f"{what} {value_info.name!r}")
 
 
 def load_model(model: ModelSource) -> onnx.ModelProto:
@@ -94,6 +131,11 @@ def load_model(model: ModelSource) -> onnx.ModelProto:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as err:
         raise ValueError(f"onnx.checker rejects {origin}: {err}") from None
+    except UnicodeDecodeError as err:
+        # The checker reads a name, op type or attribute whose bytes are not UTF-8:
+        # corrupt bytes, or a model written by a tool that does not follow the IR.
+        raise ValueError(f"malformed model: {origin} has a string field (a name, an op type or "
+                         f"an attribute) that is not valid UTF-8 ({err})") from None
     return proto
 
 
@@ -170,6 +212,11 @@ def _input_info(value_info: onnx.ValueInfoProto, has_default: bool) -> InputInfo
             dims.append(int(dim.dim_value) if which == "dim_value" else
                         (dim.dim_param or None) if which == "dim_param" else None)
         shape = tuple(dims)
+        fixed = tuple(d for d in dims if isinstance(d, int))
+        if any(d < 0 for d in fixed):
+            raise ValueError(f"graph input {value_info.name!r} declares the negative dimension "
+                             f"{min(fixed)}")
+        _check_size(fixed, dtype, f"graph input {value_info.name!r}")
     return InputInfo(value_info.name, dtype, shape, has_default)
 
 
@@ -183,15 +230,33 @@ def _folding(fn, ctx: NodeContext):
 
     def node_function(*values):
         if all(v is None or is_static(v) for v in values):
+            # Folded eagerly: find the output shapes abstractly first, so that an
+            # oversized result (a broadcast or MatMul of constants) is refused
+            # before it is allocated.
+            _check_outputs(jax.eval_shape(lambda: fn(*values)), ctx)
             with jax.ensure_compile_time_eval():
                 out = fn(*values)
             if isinstance(out, tuple):
                 return tuple(None if o is None else np.asarray(o) for o in out)
             return np.asarray(out)
-        return fn(*values)
+        out = fn(*values)
+        # Traced (jit, eval_shape, BackendRep's abstract pass): nothing has run yet.
+        _check_outputs(out, ctx)
+        return out
 
     node_function.__name__ = ctx.op_type
     return node_function
+
+
+def _check_outputs(out, ctx: NodeContext) -> None:
+    """Refuse node outputs above ``MAX_TENSOR_BYTES`` (arrays, tracers or shape structs)."""
+    values = out if isinstance(out, tuple) else (out,)
+    for i, value in enumerate(values):
+        if value is None or not hasattr(value, "shape"):
+            continue
+        name = ctx.outputs[i] if i < len(ctx.outputs) else f"#{i}"
+        _check_size(tuple(value.shape), getattr(value, "dtype", None),
+                    f"{ctx.where}: output {name!r}")
 
 
 def convert(model: onnx.ModelProto) -> Converted:
@@ -214,6 +279,10 @@ def convert(model: onnx.ModelProto) -> Converted:
         value.setflags(write=False)
         initializers[tensor.name] = value
     infos = tuple(_input_info(vi, vi.name in initializers) for vi in g.input)
+    for vi in g.output:
+        _check_declared_shape(vi, "graph output")
+    for vi in g.value_info:
+        _check_declared_shape(vi, "value_info")
 
     graph = Graph()
     for info in infos:
@@ -325,9 +394,15 @@ def to_graph(model: ModelSource) -> Graph:
     nodes) and each operator version's ONNX documentation.
 
     Raises:
-      ValueError: malformed bytes, a model ``onnx.checker`` rejects, a node
-        with invalid attributes or arity (e.g. an optimizer whose input count
-        is not ``2 + k*n``, a Momentum without its required attributes).
+      ValueError: malformed bytes (text that is not UTF-8 included), a model
+        ``onnx.checker`` rejects, a node with invalid attributes or arity
+        (e.g. an optimizer whose input count is not ``2 + k*n``, a Momentum
+        without its required attributes), a declared shape with a negative
+        dimension or above ``MAX_TENSOR_BYTES`` (2**38 bytes, 256 GiB). When
+        the graph is traced (jit, ``jax.eval_shape``, :class:`BackendRep`), a
+        node whose output would exceed ``MAX_TENSOR_BYTES`` raises
+        ``ValueError`` before anything is computed; a node computed from
+        constants alone is checked abstractly before it is folded.
       UnsupportedOpError: an operator, operator version or element type that
         optkit does not run; the message names op type, domain and opset.
 

@@ -152,6 +152,15 @@ def static_value(value: Any, ctx: NodeContext, what: str) -> np.ndarray | None:
 # attributes
 
 
+def _decode(value: bytes, name: str, where: str) -> str:
+    """A STRING attribute as text; ONNX strings are UTF-8."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{where}: attribute {name!r} is not valid UTF-8 text ({err}); the "
+                         f"model is corrupt or was not written as ONNX specifies") from None
+
+
 def _attribute_value(attr: onnx.AttributeProto, where: str) -> Any:
     kind = attr.type
     if kind in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
@@ -165,9 +174,9 @@ def _attribute_value(attr: onnx.AttributeProto, where: str) -> Any:
                                  f"does not run")
     value = helper.get_attribute_value(attr)
     if kind == onnx.AttributeProto.STRING:
-        return value.decode("utf-8")
+        return _decode(value, attr.name, where)
     if kind == onnx.AttributeProto.STRINGS:
-        return [v.decode("utf-8") for v in value]
+        return [_decode(v, attr.name, where) for v in value]
     if kind == onnx.AttributeProto.TENSOR:
         onnx_dtype(value.data_type, f"{where}: attribute {attr.name!r}")
         return numpy_helper.to_array(value)
@@ -190,7 +199,8 @@ def parse_attributes(
     model that skipped ``onnx.checker`` still fails before running.
 
     Raises:
-      ValueError: a required attribute is missing or one is given twice.
+      ValueError: a required attribute is missing or one is given twice; a string
+        attribute that is not UTF-8.
       UnsupportedOpError: a sub-graph, sparse-tensor or type attribute.
     """
     attrs: dict[str, Any] = {}
