@@ -38,7 +38,7 @@ import numpy as np
 import optax
 from jax import lax
 
-from optkit._src import checks
+from optkit._src import checks, sharding
 from optkit._src.ops import compute_dtype, is_concrete_positive, params_needed_for
 
 __all__ = [
@@ -308,7 +308,11 @@ def _factored_moments(g, x, nu, b2, eps1, row, col, guard, dtype) -> _Moments:
     blocked_ok = (
         {row, col} == {len(shape) - 2, len(shape) - 1} and shape[-2] >= 8 and g.size >= _BLOCKED_MIN_SIZE
     )
-    if not blocked_ok:
+    # The loop slices G along its rows and matrices; were those split among
+    # devices, XLA would gather all of G onto every device for it. A leaf that
+    # is (or, on a mesh with Auto axes, may be) sharded takes the plain
+    # reductions, which XLA partitions with only vector-sized all-reduces.
+    if not blocked_ok or any(sharding.may_be_split(a) for a in (g, *nu)):
         return _factored_plain(*args)
     # The loop only pays on CPU; GPUs and TPUs reduce both ways at memory speed.
     return lax.platform_dependent(
@@ -431,10 +435,10 @@ def _init_nu(params, factored, factored_dims, min_dim_size_to_factor, nu_dtype):
             p.shape, factored=factored, factored_dims=factored_dims, min_dim_size_to_factor=min_dim
         )
         if axes is None:
-            return FullSecondMoment(jnp.zeros(p.shape, dtype))
+            return FullSecondMoment(sharding.full_like(p, 0, dtype))
         row, col = axes
         return FactoredSecondMoment(
-            v_row=jnp.zeros(_without(p.shape, col), dtype), v_col=jnp.zeros(_without(p.shape, row), dtype)
+            v_row=sharding.zeros_without_axis(p, col, dtype), v_col=sharding.zeros_without_axis(p, row, dtype)
         )
 
     return jax.tree.map(leaf, params)
@@ -664,7 +668,7 @@ def scale_by_adafactor(
     def init_fn(params):
         checks.check_floating(params, "params")
         nu = _init_nu(params, factored, factored_dims, min_dim_size_to_factor, nu_dtype)
-        mu = None if b1 is None else optax.tree.zeros_like(params, dtype=mu_dtype)
+        mu = None if b1 is None else sharding.tree_zeros_like(params, mu_dtype)
         return ScaleByAdafactorState(count=jnp.zeros([], jnp.int32), nu=nu, mu=mu)
 
     def update_fn(updates, state, params=None):

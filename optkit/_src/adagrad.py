@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optkit._src import checks
+from optkit._src import checks, sharding
 from optkit._src.ops import (
     adagrad_decay,
     adagrad_leaf,
@@ -100,8 +100,8 @@ def scale_by_onnx_adagrad(
     def init_fn(params):
         checks.check_floating(params, "params")
         sum_of_squares = jax.tree.map(
-            lambda p: jnp.full(
-                jnp.shape(p), initial_accumulator_value,
+            lambda p: sharding.full_like(
+                p, initial_accumulator_value,
                 dtype=accumulator_dtype or jnp.asarray(p).dtype,
             ),
             params,

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optkit._src import checks
+from optkit._src import checks, sharding
 from optkit._src.ops import (
     adam_bias_correction,
     adam_leaf,
@@ -97,8 +97,8 @@ def scale_by_dml_adam(
 
     def init_fn(params):
         checks.check_floating(params, "params")
-        mu = optax.tree.zeros_like(params, dtype=mu_dtype)
-        nu = optax.tree.zeros_like(params, dtype=nu_dtype)
+        mu = sharding.tree_zeros_like(params, mu_dtype)
+        nu = sharding.tree_zeros_like(params, nu_dtype)
         return ScaleByDmlAdamState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu)
 
     def update_fn(updates, state, params=None):

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optkit._src import checks
+from optkit._src import checks, sharding
 from optkit._src.ops import compute_dtype, map_leaves, momentum_leaf, params_needed_for
 
 __all__ = ["ScaleByOnnxMomentumState", "scale_by_onnx_momentum", "momentum"]
@@ -77,7 +77,7 @@ def scale_by_onnx_momentum(
 
     def init_fn(params):
         checks.check_floating(params, "params")
-        trace = optax.tree.zeros_like(params, dtype=accumulator_dtype)
+        trace = sharding.tree_zeros_like(params, accumulator_dtype)
         return ScaleByOnnxMomentumState(count=jnp.zeros([], jnp.int32), trace=trace)
 
     def update_fn(updates, state, params=None):
