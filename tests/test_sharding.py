@@ -154,18 +154,18 @@ else:
             yield jax.random.normal(kx, (BATCH, 8)), jax.random.normal(kt, (BATCH, 8))
 
     def loss_fn(params, x, t):
-        h = jnp.tanh(x @ params["col"] + params["vec"])
+        h = jnp.tanh(x @ params["col"] + params["vec"] + params.get("vec_replicated", 0.0))
         y = params["gain"] * (h @ params["row"]) + params["bias"]
         z = jnp.einsum("bi,kij->bkj", h, params["stack"])
         return jnp.mean((y - t) ** 2) + 0.1 * jnp.mean(jnp.tanh(z) * y[:, None, :])
 
-    def make_step(tx):
+    def make_step(tx, **jit_kwargs):
         def step(params, state, x, t):
             grads = jax.grad(loss_fn)(params, x, t)
             updates, state = tx.update(grads, state, params)
             return optax.apply_updates(params, updates), state
 
-        return jax.jit(step, donate_argnums=(0, 1))
+        return jax.jit(step, donate_argnums=(0, 1), **jit_kwargs)
 
     def padded(spec: P, ndim: int) -> tuple:
         """The spec's entry for every axis (a short spec leaves the last axes unsharded)."""
@@ -258,6 +258,37 @@ else:
             assert_shardings(state, expected, where="state")
         assert_close(params, want_params, where="params")
         assert_close(state, want_state, where="state")
+
+    @pytest.mark.parametrize("name", ["adam", "adafactor(b1, weight decay, learning rate)"])
+    def test_pinned_out_shardings_keep_an_unannotated_bias_replicated(name):
+        """With Auto axes XLA picks the step's output shardings, and a replicated bias whose gradient
+        comes out sharded (a column-parallel layer's, unannotated) would come back sharded, with its
+        state. The README's recipe pins them: out_shardings from the parameters and jax.jit(tx.init)."""
+        make_tx, factored_dims = OPTIMIZERS[name]
+        tx = make_tx()
+        mesh = make_mesh()
+        shardings = {**param_shardings(mesh), "vec_replicated": NamedSharding(mesh, P())}
+        def start():  # fresh arrays: the steps donate theirs
+            return {**initial_params(), "vec_replicated": jnp.linspace(-1.0, 1.0, 16)}
+
+        data_sharding = NamedSharding(mesh, P("data", None))
+        params = on_one_device(start())
+        state = tx.init(params)
+        step = make_step(tx)
+        for x, t in batches(10):
+            params, state = step(params, state, *on_one_device((x, t)))
+        want = params, state
+
+        params = place(start(), shardings)
+        state = jax.jit(tx.init)(params)
+        state_shardings = jax.tree.map(lambda a: a.sharding, state)
+        assert state_shardings[0].mu["vec_replicated"].is_fully_replicated
+        step = make_step(tx, out_shardings=(shardings, state_shardings))
+        for x, t in batches(10):
+            params, state = step(params, state, *place((x, t), (data_sharding, data_sharding)))
+        assert_shardings(params, shardings, where="params")
+        assert_shardings(state, state_shardings, where="state")
+        assert_close((params, state), want)
 
     _COLLECTIVE = re.compile(
         r"^\s*(?:ROOT )?%\S+ = (.+?) (all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)"

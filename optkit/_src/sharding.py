@@ -8,20 +8,24 @@ array gets its sharding depends on what is known when it is made:
 
 - a concrete ``jax.Array`` (``tx.init(params)`` outside ``jax.jit``): its
   ``.sharding`` is known, and the state is made with the matching sharding;
-- a tracer on a multi-device mesh (``jax.jit(tx.init)(params)``,
+- a tracer on a mesh of several devices (``jax.jit(tx.init)(params)``,
   ``jax.eval_shape(tx.init, params)``): with ``Explicit`` mesh axes the
   sharding is part of the type, with ``Auto`` axes (the default of
   ``jax.sharding.Mesh``) XLA decides it when it compiles. ``jnp.zeros_like(p)``
-  does not depend on ``p``'s values, so XLA would make it replicated (or,
-  ``p`` being unused, put it on one device). Here the new array is tied to
-  ``p`` with ``jax.experimental.shard_alike`` (a sharding group: "give these
-  two the same sharding"), and a statistic without an axis is the sum of such
-  a tied array over that axis, which XLA's sharding propagation places with
-  the axis dropped. XLA folds the sum of zeros into a constant: nothing
-  full-size is computed and nothing is communicated.
+  does not depend on ``p``, so XLA would replicate it (or, ``p`` being unused,
+  put it on one device). Here the state is computed *from* ``p`` (exact
+  zeros, see :func:`_zeros_from`), so XLA's sharding propagation and the
+  types give full-size leaves ``p``'s sharding and a sum over an axis ``p``'s
+  sharding without that axis.
 
 Nothing here names a mesh axis: every sharding is derived from the
-parameter's own.
+parameter's own. On one device nothing changes.
+
+Not used, on purpose: ``jax.experimental.shard_alike`` would say "shard these
+two alike" without computing anything, but in jax 0.10 its lowering is cached
+by shape (same-shaped pairs share one sharding group) and equal constants are
+merged before propagation, so different parameters of one shape would be
+forced into one sharding.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.shard_alike import shard_alike
 from jax.sharding import NamedSharding, PartitionSpec
 
 __all__ = ["full_like", "zeros_without_axis", "tree_zeros_like", "may_be_split"]
@@ -99,13 +102,26 @@ def may_be_split(x) -> bool:
     return any(sizes.get(name, 1) > 1 for entry in spec for name in _named_axes(entry))
 
 
+def _zeros_from(p, dtype) -> jax.Array:
+    """Exact zeros of ``p``'s shape computed *from* ``p``, so that XLA shards them as it shards ``p``.
+
+    ``jnp.zeros_like(p)`` is a constant: under ``jax.jit`` with ``Auto`` mesh
+    axes XLA replicates it, and ``p``, unused, is not even an input of the
+    program (the output then lives on one device). ``0 * |p|`` where ``p`` is
+    finite (else 0) is +0 everywhere, and no sound simplifier can fold it
+    before XLA has propagated ``p``'s sharding to it. It costs one read of
+    ``p``, once, at init.
+    """
+    return jnp.where(jnp.isfinite(p), jnp.abs(p) * 0, 0).astype(dtype)
+
+
 def full_like(p, fill_value, dtype=None) -> jax.Array:
     """An array of ``p``'s shape filled with ``fill_value``, sharded as ``p`` is (see the module docstring)."""
     p = jnp.asarray(p)
-    out = jnp.full_like(p, fill_value, dtype=dtype)  # concrete p or Explicit axes: p's sharding
-    if _on_mesh(p):
-        out, _ = shard_alike(out, p)
-    return out
+    if not _on_mesh(p):
+        return jnp.full_like(p, fill_value, dtype=dtype)  # a concrete p: its sharding; one device: as before
+    dtype = p.dtype if dtype is None else dtype
+    return _zeros_from(p, dtype) + jnp.asarray(fill_value).astype(dtype)
 
 
 def _without_axis(sharding, axis: int, ndim: int) -> NamedSharding | None:
@@ -134,11 +150,13 @@ def zeros_without_axis(p, axis: int, dtype=None) -> jax.Array:
     if not isinstance(p, jax.core.Tracer):
         return jnp.zeros(shape, dtype, device=_without_axis(getattr(p, "sharding", None), axis, p.ndim))
     if _on_mesh(p):
-        # A sum of zeros tied to p: XLA places it like p without the axis, then folds it to a constant.
-        return jnp.sum(full_like(p, 0, dtype), axis=axis, dtype=dtype)
+        # A reduction of p over the axis: XLA (Auto axes) and the types (Explicit axes) drop the axis from
+        # p's sharding. The sum of zeros over a sharded axis costs one vector all-reduce, once.
+        return jnp.sum(_zeros_from(p, dtype), axis=axis, dtype=dtype)
     return jnp.zeros(shape, dtype)
 
 
 def tree_zeros_like(tree, dtype=None):
     """``optax.tree.zeros_like``, with every leaf sharded as its counterpart in ``tree`` (:func:`full_like`)."""
     return jax.tree.map(lambda p: full_like(p, 0, dtype), tree)
+
