@@ -25,7 +25,10 @@ a large matrix is several times slower than memory, so the row means are one
 fast row reduction and both column sums one loop over cached blocks of rows
 (:func:`_column_sums_blocked`): a step reads ``G`` three times and ``X``
 twice and writes ``X`` once (``optax.adam`` reads seven arrays and writes
-three; see ``benchmarks/adafactor.py``).
+three; see ``benchmarks/adafactor.py``). That loop slices ``G`` along its
+rows, so a leaf that is, or may be, sharded over several devices takes the
+plain reductions instead, which XLA partitions with vector-sized all-reduces
+(slicing a sharded ``G`` would gather all of it onto every device).
 """
 
 from __future__ import annotations
@@ -762,6 +765,15 @@ def adafactor(
     Memory: a factored leaf of shape (..., n, m) keeps ``(..., n)`` row and
     ``(..., m)`` column statistics; other leaves one array of their shape; a
     first moment only with ``b1``; one int32 step count.
+
+    Sharding (``jax.sharding``): ``tx.init``, ``jax.jit(tx.init)`` and
+    ``jax.eval_shape(tx.init, ...)`` on sharded parameters give the first
+    moment and unfactored statistics each parameter's ``NamedSharding``, the
+    row statistics the parameter's ``PartitionSpec`` without the column axis
+    and the column statistics without the row axis; the count is replicated.
+    Reductions across shards (row and column means, ``RMS(X)``, ``RMS(U)``)
+    are XLA's all-reduces of vectors and scalars. The CPU loop over row blocks
+    is only taken for a leaf known to be whole on each device.
 
     How it differs from ``optax.adafactor``: there, ``learning_rate=None``
     means no step size at all (``rho_t`` is absent) and the default

@@ -171,7 +171,9 @@ def adagrad(
       An ``optax.GradientTransformation``: ``optax.chain`` of
       :func:`scale_by_onnx_adagrad` and ``optax.scale_by_learning_rate``.
       Every numeric argument works under ``optax.inject_hyperparams``
-      (values traced under ``jax.jit`` are not range-checked).
+      (values traced under ``jax.jit`` are not range-checked). On sharded
+      parameters (``jax.sharding``) ``H`` gets each parameter's sharding, also
+      from ``jax.jit(tx.init)``; the count is replicated.
 
     Raises:
       ValueError, TypeError: as :func:`scale_by_onnx_adagrad`, and for a

@@ -196,7 +196,9 @@ def adam(
       An ``optax.GradientTransformation``: ``optax.chain`` of
       :func:`scale_by_dml_adam`, ``optax.scale_by_learning_rate`` and the
       post-step shrinkage (the identity when ``norm_coefficient_post`` is 0). Every numeric
-      argument works under ``optax.inject_hyperparams``.
+      argument works under ``optax.inject_hyperparams``. On sharded parameters
+      (``jax.sharding``) the moments get each parameter's sharding, also from
+      ``jax.jit(tx.init)``; the count is replicated.
 
     Raises:
       ValueError: b1/b2 outside [0, 1), a negative learning rate, eps or

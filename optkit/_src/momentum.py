@@ -141,6 +141,8 @@ def momentum(
     Returns:
       An ``optax.GradientTransformation``: ``optax.chain`` of
       :func:`scale_by_onnx_momentum` and ``optax.scale_by_learning_rate``.
+      On sharded parameters (``jax.sharding``) ``V`` gets each parameter's
+      sharding, also from ``jax.jit(tx.init)``; the count is replicated.
 
     Raises:
       ValueError, TypeError: as :func:`scale_by_onnx_momentum`, and for a
