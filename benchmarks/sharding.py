@@ -142,7 +142,7 @@ def _rerun_with_simulated_devices(argv) -> None:
     env["JAX_PLATFORMS"] = "cpu"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     command = [sys.executable, "-m", "benchmarks.sharding", *(sys.argv[1:] if argv is None else argv)]
-    raise SystemExit(subprocess.run(command, cwd=root, env=env).returncode)
+    subprocess.run(command, cwd=root, env=env, check=True)
 
 
 def main(argv=None) -> None:
@@ -155,6 +155,7 @@ def main(argv=None) -> None:
         cpu = []
     if len(cpu) < NUM_DEVICES:
         _rerun_with_simulated_devices(argv)
+        return
     mesh = jax.make_mesh(MESH_SHAPE, ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
                          devices=cpu[:NUM_DEVICES])
     model_size = mesh.shape["model"]
