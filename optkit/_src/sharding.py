@@ -21,11 +21,12 @@ array gets its sharding depends on what is known when it is made:
 Nothing here names a mesh axis: every sharding is derived from the
 parameter's own. On one device nothing changes.
 
-Not used, on purpose: ``jax.experimental.shard_alike`` would say "shard these
-two alike" without computing anything, but in jax 0.10 its lowering is cached
-by shape (same-shaped pairs share one sharding group) and equal constants are
-merged before propagation, so different parameters of one shape would be
-forced into one sharding.
+Not used, on purpose: ``jax.experimental.shard_alike`` says "shard these two
+alike" without computing anything, but in jax 0.10.2 its lowering is cached
+per abstract value, so all same-shaped (state, parameter) pairs of a program
+land in one sharding group; and even with distinct groups, two zero
+constants tied to differently sharded parameters came out sharded alike.
+Different parameters of one shape would be forced into one sharding.
 """
 
 from __future__ import annotations
@@ -108,9 +109,10 @@ def _zeros_from(p, dtype) -> jax.Array:
     ``jnp.zeros_like(p)`` is a constant: under ``jax.jit`` with ``Auto`` mesh
     axes XLA replicates it, and ``p``, unused, is not even an input of the
     program (the output then lives on one device). ``0 * |p|`` where ``p`` is
-    finite (else 0) is +0 everywhere, and no sound simplifier can fold it
-    before XLA has propagated ``p``'s sharding to it. It costs one read of
-    ``p``, once, at init.
+    finite (else 0) is +0 everywhere and depends on ``p``'s values, so XLA
+    propagates ``p``'s sharding to it (it does not simplify it away first;
+    tests/test_sharding.py would notice). It costs one read of ``p``, once,
+    at init.
     """
     return jnp.where(jnp.isfinite(p), jnp.abs(p) * 0, 0).astype(dtype)
 
