@@ -766,11 +766,12 @@ def adafactor(
     ``(..., m)`` column statistics; other leaves one array of their shape; a
     first moment only with ``b1``; one int32 step count.
 
-    Sharding (``jax.sharding``): ``tx.init``, ``jax.jit(tx.init)`` and
-    ``jax.eval_shape(tx.init, ...)`` on sharded parameters give the first
-    moment and unfactored statistics each parameter's ``NamedSharding``, the
-    row statistics the parameter's ``PartitionSpec`` without the column axis
-    and the column statistics without the row axis; the count is replicated.
+    Sharding (``jax.sharding``): ``tx.init`` and ``jax.jit(tx.init)`` on
+    sharded parameters (and ``jax.eval_shape(tx.init, ...)`` with ``Explicit``
+    mesh axes) give the first moment and unfactored statistics each
+    parameter's ``NamedSharding``, the row statistics the parameter's
+    ``PartitionSpec`` without the column axis and the column statistics
+    without the row axis; the count is replicated.
     Reductions across shards (row and column means, ``RMS(X)``, ``RMS(U)``)
     are XLA's all-reduces of vectors and scalars. The CPU loop over row blocks
     is only taken for a leaf known to be whole on each device.
