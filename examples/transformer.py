@@ -1,8 +1,9 @@
 """A small decoder-only transformer language model in Flax NNX, character level.
 
 Reused by ``examples/lm_adafactor.py`` (training), ``benchmarks/adafactor.py``
-(optimizer-state bytes of "the transformer parameter tree") and meant for
-later sharding work: every parameter is created through one place
+(optimizer-state bytes of "the transformer parameter tree"),
+``examples/sharded_training.py`` and ``benchmarks/sharding.py`` (data and
+model parallel): every sharded parameter is created through one place
 (:meth:`TransformerConfig.init`) that can wrap its initializer in
 ``nnx.with_partitioning`` from a per-role table of mesh axes.
 
@@ -11,9 +12,9 @@ Shapes (``d`` = ``d_model``, ``V`` = ``vocab_size``, ``L`` = ``max_len``)::
     embed/embedding            (V, d)        role "embed"
     pos_embed/embedding        (L, d)        role "pos_embed"
     blocks/i/ln1, ln2, ln_f    (d,) scale and bias
-    blocks/i/attn/qkv/kernel   (d, 3d)       role "qkv"      (+ bias (3d,))
+    blocks/i/attn/qkv/kernel   (d, 3d)       role "qkv"      (+ bias (3d,), role "qkv_bias")
     blocks/i/attn/out/kernel   (d, d)        role "attn_out" (+ bias (d,))
-    blocks/i/mlp/up/kernel     (d, d_ff)     role "mlp_up"   (+ bias (d_ff,))
+    blocks/i/mlp/up/kernel     (d, d_ff)     role "mlp_up"   (+ bias (d_ff,), role "mlp_up_bias")
     blocks/i/mlp/down/kernel   (d_ff, d)     role "mlp_down" (+ bias (d,))
     head/kernel                (d, V)        role "head"     (no bias)
 
@@ -36,15 +37,19 @@ from flax import nnx
 
 __all__ = ["TransformerConfig", "Transformer", "abstract_params", "abstract_state", "count_params"]
 
-# Mesh axes per role for nnx.with_partitioning, in the order of the kernel's
+# Mesh axes per role for nnx.with_partitioning, in the order of the array's
 # axes; a starting point for data/model parallelism (Megatron-style columns
-# then rows). Not used unless passed as TransformerConfig(partitioning=...).
+# then rows: a column-parallel layer's bias is split with its outputs, a
+# row-parallel layer's bias and the layer norms are replicated). Not used
+# unless passed as TransformerConfig(partitioning=...).
 MEGATRON_PARTITIONING: Mapping[str, tuple[str | None, ...]] = {
     "embed": (None, "model"),
     "pos_embed": (None, "model"),
     "qkv": (None, "model"),
+    "qkv_bias": ("model",),
     "attn_out": ("model", None),
     "mlp_up": (None, "model"),
+    "mlp_up_bias": ("model",),
     "mlp_down": ("model", None),
     "head": (None, "model"),
 }
@@ -95,8 +100,9 @@ class CausalSelfAttention(nnx.Module):
         d = cfg.d_model
         kernel = nnx.initializers.normal(0.02)
         self.num_heads = cfg.num_heads
-        self.qkv = nnx.Linear(d, 3 * d, kernel_init=cfg.init("qkv", kernel), param_dtype=cfg.param_dtype,
-                              rngs=rngs)
+        self.qkv = nnx.Linear(d, 3 * d, kernel_init=cfg.init("qkv", kernel),
+                              bias_init=cfg.init("qkv_bias", nnx.initializers.zeros_init()),
+                              param_dtype=cfg.param_dtype, rngs=rngs)
         # GPT-2's scaling of residual projections by depth
         out_kernel = nnx.initializers.normal(0.02 / (2 * cfg.num_layers) ** 0.5)
         self.out = nnx.Linear(d, d, kernel_init=cfg.init("attn_out", out_kernel), param_dtype=cfg.param_dtype,
@@ -115,6 +121,7 @@ class MLP(nnx.Module):
         kernel = nnx.initializers.normal(0.02)
         down_kernel = nnx.initializers.normal(0.02 / (2 * cfg.num_layers) ** 0.5)
         self.up = nnx.Linear(cfg.d_model, cfg.ff, kernel_init=cfg.init("mlp_up", kernel),
+                             bias_init=cfg.init("mlp_up_bias", nnx.initializers.zeros_init()),
                              param_dtype=cfg.param_dtype, rngs=rngs)
         self.down = nnx.Linear(cfg.ff, cfg.d_model, kernel_init=cfg.init("mlp_down", down_kernel),
                                param_dtype=cfg.param_dtype, rngs=rngs)

@@ -12,6 +12,10 @@ those of a published specification (see SPEC.md):
 - :func:`adafactor` — Adafactor (Shazeer & Stern 2018), with sublinear memory;
 
 The specs' own operators, with their inputs and outputs, are in :mod:`optkit.ops`.
+
+Under ``jax.sharding`` every optimizer's state is sharded like the parameters
+(Adafactor's row and column statistics like the parameter without the reduced
+axis), with no communication code of optkit's own: see the README.
 """
 
 from optkit import ops

@@ -25,7 +25,10 @@ a large matrix is several times slower than memory, so the row means are one
 fast row reduction and both column sums one loop over cached blocks of rows
 (:func:`_column_sums_blocked`): a step reads ``G`` three times and ``X``
 twice and writes ``X`` once (``optax.adam`` reads seven arrays and writes
-three; see ``benchmarks/adafactor.py``).
+three; see ``benchmarks/adafactor.py``). That loop slices ``G`` along its
+rows, so a leaf that is, or may be, sharded over several devices takes the
+plain reductions instead, which XLA partitions with vector-sized all-reduces
+(slicing a sharded ``G`` would gather all of it onto every device).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import numpy as np
 import optax
 from jax import lax
 
-from optkit._src import checks
+from optkit._src import checks, sharding
 from optkit._src.ops import compute_dtype, is_concrete_positive, params_needed_for
 
 __all__ = [
@@ -316,7 +319,11 @@ def _factored_moments(g, x, nu, b2, eps1, row, col, guard, dtype) -> _Moments:
     blocked_ok = (
         {row, col} == {len(shape) - 2, len(shape) - 1} and shape[-2] >= 8 and g.size >= _BLOCKED_MIN_SIZE
     )
-    if not blocked_ok:
+    # The loop slices G along its rows and matrices; were those split among
+    # devices, XLA would gather all of G onto every device for it. A leaf that
+    # is (or, on a mesh with Auto axes, may be) sharded takes the plain
+    # reductions, which XLA partitions with only vector-sized all-reduces.
+    if not blocked_ok or any(sharding.may_be_split(a) for a in (g, *nu)):
         return _factored_plain(*args)
     # The loop only pays on CPU; GPUs and TPUs reduce both ways at memory speed.
     return lax.platform_dependent(
@@ -439,10 +446,10 @@ def _init_nu(params, factored, factored_dims, min_dim_size_to_factor, nu_dtype):
             p.shape, factored=factored, factored_dims=factored_dims, min_dim_size_to_factor=min_dim
         )
         if axes is None:
-            return FullSecondMoment(jnp.zeros(p.shape, dtype))
+            return FullSecondMoment(sharding.full_like(p, 0, dtype))
         row, col = axes
         return FactoredSecondMoment(
-            v_row=jnp.zeros(_without(p.shape, col), dtype), v_col=jnp.zeros(_without(p.shape, row), dtype)
+            v_row=sharding.zeros_without_axis(p, col, dtype), v_col=sharding.zeros_without_axis(p, row, dtype)
         )
 
     return jax.tree.map(leaf, params)
@@ -673,7 +680,7 @@ def scale_by_adafactor(
     def init_fn(params):
         checks.check_floating(params, "params")
         nu = _init_nu(params, factored, factored_dims, min_dim_size_to_factor, nu_dtype)
-        mu = None if b1 is None else optax.tree.zeros_like(params, dtype=mu_dtype)
+        mu = None if b1 is None else sharding.tree_zeros_like(params, mu_dtype)
         return ScaleByAdafactorState(count=jnp.zeros([], jnp.int32), nu=nu, mu=mu)
 
     def update_fn(updates, state, params=None):
@@ -768,6 +775,16 @@ def adafactor(
     Memory: a factored leaf of shape (..., n, m) keeps ``(..., n)`` row and
     ``(..., m)`` column statistics; other leaves one array of their shape; a
     first moment only with ``b1``; one int32 step count.
+
+    Sharding (``jax.sharding``): ``tx.init`` and ``jax.jit(tx.init)`` on
+    sharded parameters (and ``jax.eval_shape(tx.init, ...)`` with ``Explicit``
+    mesh axes) give the first moment and unfactored statistics each
+    parameter's ``NamedSharding``, the row statistics the parameter's
+    ``PartitionSpec`` without the column axis and the column statistics
+    without the row axis; the count is replicated.
+    Reductions across shards (row and column means, ``RMS(X)``, ``RMS(U)``)
+    are XLA's all-reduces of vectors and scalars. The CPU loop over row blocks
+    is only taken for a leaf known to be whole on each device.
 
     How it differs from ``optax.adafactor``: there, ``learning_rate=None``
     means no step size at all (``rho_t`` is absent) and the default

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optkit._src import checks
+from optkit._src import checks, sharding
 from optkit._src.ops import (
     adagrad_decay,
     adagrad_leaf,
@@ -104,8 +104,8 @@ def scale_by_onnx_adagrad(
     def init_fn(params):
         checks.check_floating(params, "params")
         sum_of_squares = jax.tree.map(
-            lambda p: jnp.full(
-                jnp.shape(p), initial_accumulator_value,
+            lambda p: sharding.full_like(
+                p, initial_accumulator_value,
                 dtype=accumulator_dtype or jnp.asarray(p).dtype,
             ),
             params,
@@ -183,7 +183,9 @@ def adagrad(
       An ``optax.GradientTransformation``: ``optax.chain`` of
       :func:`scale_by_onnx_adagrad` and ``optax.scale_by_learning_rate``.
       Every numeric argument works under ``optax.inject_hyperparams``
-      (values traced under ``jax.jit`` are not range-checked).
+      (values traced under ``jax.jit`` are not range-checked). On sharded
+      parameters (``jax.sharding``) ``H`` gets each parameter's sharding, also
+      from ``jax.jit(tx.init)``; the count is replicated.
 
     Raises:
       ValueError, TypeError: as :func:`scale_by_onnx_adagrad`, and for a

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optkit._src import checks
+from optkit._src import checks, sharding
 from optkit._src.ops import (
     adam_bias_correction,
     adam_leaf,
@@ -102,8 +102,8 @@ def scale_by_dml_adam(
 
     def init_fn(params):
         checks.check_floating(params, "params")
-        mu = optax.tree.zeros_like(params, dtype=mu_dtype)
-        nu = optax.tree.zeros_like(params, dtype=nu_dtype)
+        mu = sharding.tree_zeros_like(params, mu_dtype)
+        nu = sharding.tree_zeros_like(params, nu_dtype)
         return ScaleByDmlAdamState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu)
 
     def update_fn(updates, state, params=None):
@@ -209,7 +209,9 @@ def adam(
       An ``optax.GradientTransformation``: ``optax.chain`` of
       :func:`scale_by_dml_adam`, ``optax.scale_by_learning_rate`` and the
       post-step shrinkage (the identity when ``norm_coefficient_post`` is 0). Every numeric
-      argument works under ``optax.inject_hyperparams``.
+      argument works under ``optax.inject_hyperparams``. On sharded parameters
+      (``jax.sharding``) the moments get each parameter's sharding, also from
+      ``jax.jit(tx.init)``; the count is replicated.
 
     Raises:
       ValueError: b1/b2 outside [0, 1), a negative learning rate, eps or

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optkit._src import checks
+from optkit._src import checks, sharding
 from optkit._src.ops import compute_dtype, map_leaves, momentum_leaf, params_needed_for
 
 __all__ = ["ScaleByOnnxMomentumState", "scale_by_onnx_momentum", "momentum"]
@@ -82,7 +82,7 @@ def scale_by_onnx_momentum(
 
     def init_fn(params):
         checks.check_floating(params, "params")
-        trace = optax.tree.zeros_like(params, dtype=accumulator_dtype)
+        trace = sharding.tree_zeros_like(params, accumulator_dtype)
         return ScaleByOnnxMomentumState(count=jnp.zeros([], jnp.int32), trace=trace)
 
     def update_fn(updates, state, params=None):
@@ -153,6 +153,8 @@ def momentum(
     Returns:
       An ``optax.GradientTransformation``: ``optax.chain`` of
       :func:`scale_by_onnx_momentum` and ``optax.scale_by_learning_rate``.
+      On sharded parameters (``jax.sharding``) ``V`` gets each parameter's
+      sharding, also from ``jax.jit(tx.init)``; the count is replicated.
 
     Raises:
       ValueError, TypeError: as :func:`scale_by_onnx_momentum`, and for a
