@@ -31,11 +31,15 @@ __all__ = [
 ]
 
 
-def check_names(arg: str, names: Any, *, allow_empty_list: bool = True) -> tuple[str, ...]:
+def check_names(
+    arg: str, names: Any, *, allow_empty_list: bool = True, allow_absent: bool = False
+) -> tuple[str, ...]:
     """``names`` as a tuple of non-empty, distinct tensor names; errors name ``arg``.
 
     A bare string is refused rather than read as a list of characters or as a
-    one-name list: ``xs="W"`` is almost always a slip for ``xs=["W"]``.
+    one-name list: ``xs="W"`` is almost always a slip for ``xs=["W"]``. With
+    ``allow_absent`` (a node's inputs and outputs), ``""`` stands for an absent
+    tensor and repeats are left to the caller.
     """
     if isinstance(names, (str, bytes)):
         raise TypeError(f"{arg} must be a sequence of tensor names, got the string "
@@ -46,9 +50,11 @@ def check_names(arg: str, names: Any, *, allow_empty_list: bool = True) -> tuple
         raise TypeError(f"{arg} must be a sequence of tensor names, got {names!r}") from None
     for name in names:
         if not isinstance(name, str):
-            raise TypeError(f"{arg} must hold non-empty strings, got {name!r}")
-        if not name:
+            raise TypeError(f"{arg} must hold {'' if allow_absent else 'non-empty '}strings, got {name!r}")
+        if not name and not allow_absent:
             raise ValueError(f"{arg} must hold non-empty strings, got ''")
+    if allow_absent:
+        return names
     seen = set()
     for name in names:
         if name in seen:

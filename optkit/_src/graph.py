@@ -319,8 +319,8 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         if isinstance(inputs, Mapping):
             keywords = tuple(inputs.keys())
             inputs = tuple(inputs.values())
-        inputs = _tensor_names("inputs", inputs)
-        outputs = _tensor_names("outputs", outputs)
+        inputs = check_names("inputs", inputs, allow_absent=True)
+        outputs = check_names("outputs", outputs, allow_absent=True)
         if not outputs:
             raise ValueError("outputs must name at least one tensor")
         if name is None:
@@ -372,7 +372,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         """
         xs, zs, y = check_gradient_names(xs, zs, y, y_required=True)
         # The same tensor may be fed for two names, so repeats are allowed.
-        fed = xs + zs if inputs is None else _tensor_names("inputs", inputs)
+        fed = xs + zs if inputs is None else check_names("inputs", inputs, allow_absent=True)
         if "" in fed:
             raise ValueError(f"a Gradient node needs a value for every tensor of xs + zs; "
                              f"inputs {list(fed)} has an absent ('') entry")
@@ -382,7 +382,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
                              f"got {len(fed)}: {list(fed)}")
         if outputs is None:
             outputs = tuple(f"d{y}/d{x}" for x in xs)
-        outputs = _tensor_names("outputs", outputs)
+        outputs = check_names("outputs", outputs, allow_absent=True)
         if len(outputs) != len(xs):
             raise ValueError(f"a Gradient node has one output per tensor of xs = {list(xs)}, "
                              f"got {len(outputs)}: {list(outputs)} (use '' to skip one)")
@@ -759,19 +759,3 @@ class _ReadOnly(Mapping):
 
     def __len__(self) -> int:
         return len(self._data)
-
-
-def _tensor_names(arg: str, names: Sequence[str]) -> tuple[str, ...]:
-    """Names where ``""`` (absent) is allowed and repeats are checked elsewhere."""
-    if isinstance(names, (str, bytes)):
-        raise TypeError(f"{arg} must be a sequence of tensor names, got the string "
-                        f"{names!r}; write [{names!r}]")
-    try:
-        names = tuple(names)
-    except TypeError:
-        raise TypeError(f"{arg} must be a sequence of tensor names, got {names!r}") from None
-    for name in names:
-        if not isinstance(name, str):
-            raise TypeError(f"{arg} must hold strings, got {name!r}")
-    return names
-
