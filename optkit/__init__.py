@@ -9,11 +9,14 @@ those of a published specification (see SPEC.md):
 - :func:`momentum` — ONNX ``ai.onnx.preview.training::Momentum``;
 
 The specs' own operators, with their inputs and outputs, are in :mod:`optkit.ops`.
+For trees of thousands of parameter arrays, :class:`FlatParams` keeps them in one
+contiguous buffer per dtype, which every element-wise optimizer steps over at once.
 """
 
 from optkit import ops
 from optkit._src.adagrad import ScaleByOnnxAdagradState, adagrad, scale_by_onnx_adagrad
 from optkit._src.adam import ScaleByDmlAdamState, adam, scale_by_dml_adam
+from optkit._src.flat import FlatParams
 from optkit._src.momentum import ScaleByOnnxMomentumState, momentum, scale_by_onnx_momentum
 
 __version__ = "0.1.0"
@@ -30,4 +33,5 @@ __all__ = [
     "momentum",
     "scale_by_onnx_momentum",
     "ScaleByOnnxMomentumState",
+    "FlatParams",
 ]
