@@ -274,7 +274,7 @@ class Ratio:
 class Case:
     name: str
     title: str
-    algorithm: str  # key of BYTES_MODEL
+    algorithm: str  # the algorithm the case is about
     specs: list[Spec]
     ratios: list[Ratio] = field(default_factory=list)
     note: str = ""
@@ -504,14 +504,14 @@ def memory_child(spec: Spec, steps: int = 20) -> dict:
             "xla_temp_bytes": temp, "steps": steps}
 
 
-def timing_child(spec: Spec, repeats: int, warmup: int, algorithm: str) -> dict:
+def timing_child(spec: Spec, repeats: int, warmup: int) -> dict:
     """Run in a fresh process: one candidate's first call and step times, alone."""
     stepper = make_stepper(spec)
     start = time.perf_counter()
     jax.block_until_ready(stepper())
     stepper.first_call_s = time.perf_counter() - start
     times = time_rotated({spec.label: stepper}, repeats=repeats, warmup=warmup)[spec.label]
-    entry = candidate_entry(spec, stepper, times, algorithm)
+    entry = candidate_entry(spec, stepper, times)
     entry["separate_process"] = True
     entry["process_peak_rss"] = _peak_rss()
     return entry
@@ -580,13 +580,19 @@ def machine_info() -> dict:
             "versions": versions}
 
 
-def candidate_entry(spec: Spec, stepper, seconds: list[float], algorithm: str) -> dict:
+def bytes_model(spec: Spec) -> int:
+    """Bytes per parameter a step must move at least, for the candidate's algorithm (see the module notes)."""
+    return BYTES_MODEL[spec.optimizer.split(".")[1]]
+
+
+def candidate_entry(spec: Spec, stepper, seconds: list[float]) -> dict:
     """One row of the step-time table: statistics, first call, GB/s and what the HLO moves."""
     stats = summary(seconds)
     n = _nparams(spec.abstract)
+    model = bytes_model(spec)
     entry = {"label": spec.label, "n_params": n, "n_leaves": len(jax.tree.leaves(spec.abstract)), **stats,
-             "first_call_s": stepper.first_call_s,
-             "gbps": BYTES_MODEL[algorithm] * n / (stats["median_ms"] * 1e-3) / 1e9}
+             "first_call_s": stepper.first_call_s, "bytes_per_param_model": model,
+             "gbps": model * n / (stats["median_ms"] * 1e-3) / 1e9}
     if isinstance(stepper, JaxStepper):
         hlo = stepper.compiled().as_text()
         entry["hlo_kernels"] = hlo_kernels(hlo)
@@ -597,16 +603,15 @@ def candidate_entry(spec: Spec, stepper, seconds: list[float], algorithm: str) -
     return entry
 
 
-def run_case(case: Case, repeats: int, warmup: int, with_memory: bool, log) -> dict:
+def run_case(case: Case, repeats: int, warmup: int, with_memory: bool, log, quick: bool = False) -> dict:
     load_before = os.getloadavg()
-    result = {"name": case.name, "title": case.title, "algorithm": case.algorithm,
-              "bytes_per_param_model": BYTES_MODEL[case.algorithm], "note": case.note, "candidates": [],
-              "ratios": [], "memory": []}
+    result = {"name": case.name, "title": case.title, "algorithm": case.algorithm, "note": case.note,
+              "candidates": [], "ratios": [], "memory": []}
     entries = {}
     for spec in case.specs:
         if spec.isolated:
             log(f"  {spec.label}: in a separate process ...")
-            entries[spec.label] = run_child("timing", spec, repeats, warmup, case.algorithm)
+            entries[spec.label] = run_child("timing", spec, repeats, warmup)
     steppers = {}
     for spec in case.specs:
         if spec.isolated:
@@ -622,7 +627,7 @@ def run_case(case: Case, repeats: int, warmup: int, with_memory: bool, log) -> d
     load_after = os.getloadavg()
     for label, stepper in steppers.items():
         spec = next(s for s in case.specs if s.label == label)
-        entries[label] = candidate_entry(spec, stepper, times[label], case.algorithm)
+        entries[label] = candidate_entry(spec, stepper, times[label])
     del steppers, times
     gc.collect()
     result["candidates"] = [entries[spec.label] for spec in case.specs]
@@ -637,14 +642,15 @@ def run_case(case: Case, repeats: int, warmup: int, with_memory: bool, log) -> d
         result["ratios"].append({"label": ratio.label, "value": value, "goal": ratio.goal,
                                  "goal_text": ratio.goal_text, "met": met})
     if with_memory:
-        for spec in case.specs:
-            if spec.memory and not spec.torch:
-                log(f"  memory: {spec.label} ...")
-                mem = run_child("memory", spec)
-                if "ratio" in mem:
-                    mem["goal"] = 1.05
-                    mem["met"] = bool(mem["ratio"] <= 1.05)
-                result["memory"].append(mem)
+        measured = [spec for spec in case.specs if spec.memory and not spec.torch]
+        # Quick mode: one child per case is enough to test the path.
+        for spec in measured[:1] if quick else measured:
+            log(f"  memory: {spec.label} ...")
+            mem = run_child("memory", spec)
+            if "ratio" in mem:
+                mem["goal"] = 1.05
+                mem["met"] = bool(mem["ratio"] <= 1.05)
+            result["memory"].append(mem)
     result["load_before"] = list(load_before)
     result["load_after"] = list(load_after)
     return result
@@ -691,7 +697,7 @@ def report(results: dict) -> str:
                 label += " (alone, own process)"
                 hlo += f"; process peak RSS {c['process_peak_rss'] / 2**30:.1f} GiB"
             rows.append([case["title"], label, f"{c['median_ms']:.2f}", f"{c['min_ms']:.2f}-{c['max_ms']:.2f}",
-                         f"{c['first_call_s']:.2f}", f"{c['gbps']:.1f} ({case['bytes_per_param_model']} B)", hlo])
+                         f"{c['first_call_s']:.2f}", f"{c['gbps']:.1f} ({c['bytes_per_param_model']} B)", hlo])
     lines.append(markdown_table(["case", "candidate", "median ms", "min-max ms", "first call s",
                                  "GB/s (model)", "HLO traffic/param"], rows))
     lines += ["", "## Ratios and goals", ""]
@@ -760,7 +766,7 @@ def main(argv=None) -> dict:
     results = {"meta": meta, "cases": []}
     for case in cases:
         log(f"{case.name}: {case.title}")
-        results["cases"].append(run_case(case, repeats, warmup, not args.no_memory, log))
+        results["cases"].append(run_case(case, repeats, warmup, not args.no_memory, log, quick=args.quick))
     meta["load_end"] = list(os.getloadavg())
     text = report(results)
     results["markdown"] = text
