@@ -32,8 +32,8 @@ def test_quick_run_writes_json_with_every_column(tmp_path, capsys):
             assert {"label", "value", "goal", "met"} <= set(ratio)
         for memory in case["memory"]:
             assert "error" not in memory, memory
-            assert {"total_bytes", "peak_rss", "baseline_rss", "ratio", "met"} <= set(memory)
-            assert memory["peak_rss"] > memory["baseline_rss"]
+            assert {"total_bytes", "peak_anon_rss", "baseline_anon_rss", "ratio", "met"} <= set(memory)
+            assert memory["peak_anon_rss"] > memory["baseline_anon_rss"]
     one_leaf = results["cases"][0]["candidates"]
     # One-leaf cases report the traffic of the compiled program: 3 passes, 40 bytes a parameter.
     assert all(c["hlo_bytes_per_param"] >= 28 for c in one_leaf if "hlo_bytes_per_param" in c)
