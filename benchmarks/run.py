@@ -48,6 +48,7 @@ import gc
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import threading
@@ -676,7 +677,7 @@ def run_case(case: Case, repeats: int, warmup: int, with_memory: bool, log, quic
     for label, stepper in steppers.items():
         spec = next(s for s in case.specs if s.label == label)
         entries[label] = candidate_entry(spec, stepper, times[label])
-    del steppers, times
+    del steppers
     gc.collect()
     result["candidates"] = [entries[spec.label] for spec in case.specs]
     for ratio in case.ratios:
@@ -686,8 +687,13 @@ def run_case(case: Case, repeats: int, warmup: int, with_memory: bool, log, quic
             continue
         value = numerator["first_call_s"] if ratio.denominator is None else (
             numerator["median_ms"] / denominator["median_ms"])
+        # Both timed in the same rounds: the median of the per-round ratios, which other
+        # load on the machine (it comes and goes between rounds) disturbs less.
+        paired = None
+        if ratio.denominator is not None and ratio.numerator in times and ratio.denominator in times:
+            paired = statistics.median(a / b for a, b in zip(times[ratio.numerator], times[ratio.denominator]))
         met = None if ratio.goal is None else bool(value <= ratio.goal)
-        result["ratios"].append({"label": ratio.label, "value": value, "goal": ratio.goal,
+        result["ratios"].append({"label": ratio.label, "value": value, "paired": paired, "goal": ratio.goal,
                                  "goal_text": ratio.goal_text, "met": met})
     if with_memory:
         measured = [spec for spec in case.specs if spec.memory and not spec.torch]
@@ -753,8 +759,10 @@ def report(results: dict) -> str:
     for case in results["cases"]:
         for r in case["ratios"]:
             met = "" if r["met"] is None else ("met" if r["met"] else "**not met**")
-            rows.append([case["title"], r["label"], f"{r['value']:.3f}", r["goal_text"] or "-", met])
-    lines.append(markdown_table(["case", "ratio", "value", "goal", ""], rows))
+            paired = "" if r.get("paired") is None else f"{r['paired']:.3f}"
+            rows.append([case["title"], r["label"], f"{r['value']:.3f}", paired, r["goal_text"] or "-", met])
+    lines.append(markdown_table(["case", "ratio", "value (of medians)", "median of per-round ratios", "goal", ""],
+                                rows))
     mem_rows = []
     for case in results["cases"]:
         for m in case["memory"]:

@@ -29,7 +29,7 @@ def test_quick_run_writes_json_with_every_column(tmp_path, capsys):
             assert {"label", "median_ms", "min_ms", "max_ms", "first_call_s", "gbps", "n_params"} <= set(candidate)
             assert candidate["median_ms"] > 0 and candidate["first_call_s"] > 0
         for ratio in case["ratios"]:
-            assert {"label", "value", "goal", "met"} <= set(ratio)
+            assert {"label", "value", "paired", "goal", "met"} <= set(ratio)
         for memory in case["memory"]:
             assert "error" not in memory, memory
             assert {"total_bytes", "peak_anon_rss", "baseline_anon_rss", "ratio", "met"} <= set(memory)
