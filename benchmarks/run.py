@@ -16,8 +16,8 @@ other; ``--skip-slow`` leaves them out.
 What is timed: the whole jitted step ``params, state = step(params, state,
 grads)`` (``tx.update`` then ``optax.apply_updates``) with parameters and state
 donated, so XLA updates them in place, as a training loop would. All
-candidates of a case live in one process and are timed round-robin
-(``benchmarks/_timing.py``) after a warm-up; the first call of each (trace +
+candidates of a case live in one process and are timed round-robin, in a
+new random order every round and each after 5 ms of idling, after a warm-up; the first call of each (trace +
 compile + one run) is timed separately. PyTorch's ``fused=True`` optimizers
 join when ``torch`` is importable (it is not a dependency of optkit).
 
@@ -48,6 +48,7 @@ import gc
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -591,20 +592,27 @@ def child_main(payload: str) -> dict:
 # Running and reporting
 
 
-def time_rotated(steps: dict, *, repeats: int, warmup: int) -> dict[str, list[float]]:
-    """Round-robin timing as ``benchmarks._timing.time_interleaved``, starting each round one later.
+def time_rotated(steps: dict, *, repeats: int, warmup: int, gap: float = 0.005,
+                 seed: int = 0) -> dict[str, list[float]]:
+    """Round-robin timing as ``benchmarks._timing.time_interleaved``, in a new order every round.
 
-    A fixed order put the same candidate after the same neighbour every round;
-    rotating spreads whatever one step leaves behind (caches, threads winding
-    down) over all candidates. Returns seconds per call.
+    A fixed (or merely rotated) order puts the same candidate after the same
+    neighbour every round, and it then pays for whatever that neighbour leaves
+    behind: PyTorch's OpenMP threads spin for a while after a step, which slowed
+    the step after it by 20-50%. So each round runs in a fresh random order,
+    and ``gap`` seconds of idling (not timed) precede every timed call so that
+    every step starts from a quiet machine. Returns seconds per call.
     """
+    rng = random.Random(seed)
     names = list(steps)
     for _ in range(warmup):
         for name in names:
             block(steps[name]())
     times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+    for _ in range(repeats):
+        rng.shuffle(names)
+        for name in names:
+            time.sleep(gap)
             start = time.perf_counter()
             block(steps[name]())
             times[name].append(time.perf_counter() - start)
