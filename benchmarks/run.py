@@ -3,14 +3,14 @@
 One command runs every case of the performance issue and prints markdown tables
 (and writes the same numbers as JSON)::
 
-    python -m benchmarks                 # full sizes: about 20 minutes on 2 cores, 17 GB peak
+    python -m benchmarks                 # full sizes: about 15 minutes on 2 cores, 13 GiB peak
     python -m benchmarks --skip-slow     # without the per-leaf 10000-leaf runs: about 5 minutes
     python -m benchmarks --quick         # tiny sizes, under a minute (CI smoke test)
     python benchmarks/run.py --cases adam_1x64M,adagrad_1x64M --json /tmp/r.json
 
 The per-leaf 10000-leaf candidates (the default path and Optax's) each take
-about 4 minutes and 16 GB of memory to compile on XLA:CPU (one program of
-30000 kernels), so each is timed alone in a process of its own, one after the
+about 3-4 minutes and 13 GiB of memory to compile on XLA:CPU (one program
+of 30000 kernels), so each is timed alone in a process of its own, one after the
 other; ``--skip-slow`` leaves them out.
 
 What is timed: the whole jitted step ``params, state = step(params, state,
@@ -315,7 +315,7 @@ def build_cases(quick: bool, with_torch: bool, skip_slow: bool = False) -> list[
     for count, size, limit, first_call_limit in many:
         tree = _abstract_leaves(count, (size,))
         same = one(count * size)
-        # Per leaf, 10000 leaves take minutes and about 8 GB to compile (XLA:CPU, one program
+        # Per leaf, 10000 leaves take minutes and about 13 GiB to compile (XLA:CPU, one program
         # holding 30000 kernels): each such candidate is timed alone in a process of its own,
         # and has no memory run. Quick mode sends one small one there to test the path.
         slow = count >= 10000
