@@ -8,14 +8,17 @@ those of a published specification (see SPEC.md):
   form) with ONNX Adam's ``norm_coefficient`` and ``norm_coefficient_post``;
 - :func:`momentum` — ONNX ``ai.onnx.preview.training::Momentum``;
 - :func:`gradient` and :class:`Graph` — ONNX ``ai.onnx.preview.training::Gradient``
-  on named tensors, as nested ``jax.vjp``.
-- :func:`adafactor` — Adafactor (Shazeer & Stern 2018), with sublinear memory;
+  on named tensors, as nested ``jax.vjp``;
+- :func:`adafactor` — Adafactor (Shazeer & Stern 2018), with sublinear memory.
 
 The specs' own operators, with their inputs and outputs, are in :mod:`optkit.ops`.
 
 Under ``jax.sharding`` every optimizer's state is sharded like the parameters
 (Adafactor's row and column statistics like the parameter without the reduced
 axis), with no communication code of optkit's own: see the README.
+
+For trees of thousands of parameter arrays, :class:`FlatParams` keeps them in one
+contiguous buffer per dtype, which every element-wise optimizer steps over at once.
 """
 
 from optkit import ops
@@ -31,6 +34,7 @@ from optkit._src.adafactor import (
 )
 from optkit._src.adagrad import ScaleByOnnxAdagradState, adagrad, scale_by_onnx_adagrad
 from optkit._src.adam import ScaleByDmlAdamState, adam, scale_by_dml_adam
+from optkit._src.flat import FlatParams
 from optkit._src.gradient import gradient
 from optkit._src.graph import GradientNode, Graph, GraphNode
 from optkit._src.momentum import ScaleByOnnxMomentumState, momentum, scale_by_onnx_momentum
@@ -57,5 +61,9 @@ __all__ = [
     "FactoredSecondMoment",
     "FullSecondMoment",
     "factored_axes",
+    "gradient",
+    "Graph",
+    "GraphNode",
+    "GradientNode",
+    "FlatParams",
 ]
-__all__ += ["gradient", "Graph", "GraphNode", "GradientNode"]

@@ -16,6 +16,7 @@ from optkit._src.ops import (
     is_concrete_zero,
     map_leaves,
     params_needed_for,
+    per_dtype,
 )
 
 __all__ = ["ScaleByOnnxAdagradState", "scale_by_onnx_adagrad", "adagrad"]
@@ -119,13 +120,15 @@ def scale_by_onnx_adagrad(
             params, params_reason,
         )
 
+        decay = per_dtype(lambda dtype: adagrad_decay(state.count, decay_factor, dtype))
+
         def leaf(g, h, x):
             dtype = compute_dtype(g.dtype, h.dtype, None if x is None else x.dtype)
             direction, h_new = adagrad_leaf(
                 g, h, x, eps=eps, norm_coefficient=norm_coefficient, dtype=dtype
             )
             if use_decay:
-                direction = direction * adagrad_decay(state.count, decay_factor, dtype)
+                direction = direction * decay(dtype)
             return direction.astype(g.dtype), h_new.astype(h.dtype)
 
         new_updates, sum_of_squares = map_leaves(

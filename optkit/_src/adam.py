@@ -16,6 +16,7 @@ from optkit._src.ops import (
     compute_dtype,
     map_leaves,
     params_needed_for,
+    per_dtype,
 )
 
 __all__ = ["ScaleByDmlAdamState", "scale_by_dml_adam", "adam"]
@@ -113,13 +114,16 @@ def scale_by_dml_adam(
             params, params_reason,
         )
         count = optax.safe_increment(state.count)
+        # One scalar per dtype, not per leaf: with thousands of leaves the
+        # per-leaf scalar ops dominated tracing.
+        bias_correction = per_dtype(lambda dtype: adam_bias_correction(count, b1, b2, dtype))
 
         def leaf(g, m, v, x):
             dtype = compute_dtype(g.dtype, m.dtype, v.dtype, None if x is None else x.dtype)
             direction, m_new, v_new = adam_leaf(
                 g, m, v, x, b1=b1, b2=b2, eps=eps, norm_coefficient=norm_coefficient, dtype=dtype
             )
-            update = adam_bias_correction(count, b1, b2, dtype) * direction
+            update = bias_correction(dtype) * direction
             return update.astype(g.dtype), m_new.astype(m.dtype), v_new.astype(v.dtype)
 
         new_updates, mu, nu = map_leaves(

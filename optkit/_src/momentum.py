@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from optkit._src import checks, sharding
-from optkit._src.ops import compute_dtype, map_leaves, momentum_leaf, params_needed_for
+from optkit._src.ops import compute_dtype, map_leaves, momentum_leaf, params_needed_for, per_dtype
 
 __all__ = ["ScaleByOnnxMomentumState", "scale_by_onnx_momentum", "momentum"]
 
@@ -92,11 +92,14 @@ def scale_by_onnx_momentum(
             params, params_reason,
         )
 
+        beta_adjusted = per_dtype(
+            lambda dtype: jnp.where(state.count > 0, jnp.asarray(beta, dtype), jnp.ones([], dtype))
+        )
+
         def leaf(g, v, x):
             dtype = compute_dtype(g.dtype, v.dtype, None if x is None else x.dtype)
-            beta_adj = jnp.where(state.count > 0, jnp.asarray(beta, dtype), jnp.ones([], dtype))
             direction, v_new = momentum_leaf(
-                g, v, x, alpha=alpha, beta_adj=beta_adj, nesterov=nesterov,
+                g, v, x, alpha=alpha, beta_adj=beta_adjusted(dtype), nesterov=nesterov,
                 norm_coefficient=norm_coefficient, dtype=dtype,
             )
             return direction.astype(g.dtype), v_new.astype(v.dtype)

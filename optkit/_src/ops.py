@@ -17,10 +17,22 @@ with float32 (float16 and bfloat16 tensors are computed in float32, the way
 fused GPU optimizers do, and stored back in their own dtype); the scalars
 derived from the step count and hyperparameters are computed in that dtype too,
 so a float64 run matches the float64 formula to rounding.
+
+Performance (measured in ``benchmarks/RESULTS.md``): the formulas stay plain
+element-wise ``jax.numpy`` per leaf, which XLA fuses and which shards like the
+parameters. XLA:CPU emits one loop per array a step writes, so an Adam step
+that ends in ``optax.apply_updates`` is three passes over memory (the moments,
+then the parameters: 40 bytes a float32 parameter), exactly as for
+``optax.adam``; Adagrad and Momentum are two. The parameters are written by
+``optax.apply_updates``, outside the transformation, so no formulation of
+``update`` can join them to the moments' pass. Trees of thousands of leaves
+pay per array (in the compiled step and in compilation): ``FlatParams`` is the
+switch for those.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -51,6 +63,16 @@ def compute_dtype(*dtypes: Any) -> jnp.dtype:
         if d is not None:
             dtype = jnp.promote_types(dtype, d)
     return dtype
+
+
+def per_dtype(fn):
+    """``fn(dtype)`` computed once per dtype (a memo for one ``update`` call).
+
+    The scalars derived from the step count (bias correction, decay) are the
+    same for every leaf of a dtype; computing them once keeps tracing a tree of
+    thousands of leaves linear in the leaves' own arithmetic.
+    """
+    return functools.cache(fn)
 
 
 def is_concrete_zero(value: Any) -> bool:
@@ -320,13 +342,14 @@ def onnx_adagrad(
     T = _check_step("T", T)
     _check_tensors("X", X, G=G, H=H)
     use_x = not is_concrete_zero(norm_coefficient)
+    rate = per_dtype(lambda dtype: R.astype(dtype) * adagrad_decay(T, decay_factor, dtype))
 
     def leaf(x, g, h):
         dtype = compute_dtype(x.dtype, g.dtype, h.dtype)
         direction, h_new = adagrad_leaf(
             g, h, x if use_x else None, eps=epsilon, norm_coefficient=norm_coefficient, dtype=dtype
         )
-        r = R.astype(dtype) * adagrad_decay(T, decay_factor, dtype)
+        r = rate(dtype)
         x_new = x.astype(dtype) - r * direction
         return x_new.astype(x.dtype), h_new.astype(h.dtype)
 
@@ -392,6 +415,7 @@ def onnx_adam(
     T = _check_step("T", T)
     _check_tensors("X", X, G=G, V=V, H=H)
     use_x = not is_concrete_zero(norm_coefficient)
+    rate = per_dtype(lambda dtype: R.astype(dtype) * adam_bias_correction(T, alpha, beta, dtype))
 
     def leaf(x, g, v, h):
         dtype = compute_dtype(x.dtype, g.dtype, v.dtype, h.dtype)
@@ -399,7 +423,7 @@ def onnx_adam(
             g, v, h, x if use_x else None, b1=alpha, b2=beta, eps=epsilon,
             norm_coefficient=norm_coefficient, dtype=dtype,
         )
-        r_adj = R.astype(dtype) * adam_bias_correction(T, alpha, beta, dtype)
+        r_adj = rate(dtype)
         x_new = (1 - jnp.asarray(norm_coefficient_post, dtype)) * (x.astype(dtype) - r_adj * direction)
         return x_new.astype(x.dtype), v_new.astype(v.dtype), h_new.astype(h.dtype)
 
@@ -462,13 +486,16 @@ def dml_adam(
     checks.check_scalar("epsilon", epsilon, low=0.0)
     T = _check_step("T", T)
     _check_tensors("X", X, M=M, V=V, G=G)
+    step_size = per_dtype(
+        lambda dtype: jnp.asarray(learning_rate, dtype) * adam_bias_correction(T, beta1, beta2, dtype)
+    )
 
     def leaf(x, m, v, g):
         dtype = compute_dtype(x.dtype, m.dtype, v.dtype, g.dtype)
         direction, m_new, v_new = adam_leaf(
             g, m, v, None, b1=beta1, b2=beta2, eps=epsilon, norm_coefficient=0.0, dtype=dtype
         )
-        step = jnp.asarray(learning_rate, dtype) * adam_bias_correction(T, beta1, beta2, dtype)
+        step = step_size(dtype)
         x_new = x.astype(dtype) - step * direction
         return x_new.astype(x.dtype), m_new.astype(m.dtype), v_new.astype(v.dtype)
 
@@ -531,12 +558,12 @@ def onnx_momentum(
     T = _check_step("T", T)
     _check_tensors("X", X, G=G, V=V)
     use_x = not is_concrete_zero(norm_coefficient)
+    beta_adjusted = per_dtype(lambda dtype: jnp.where(T > 0, jnp.asarray(beta, dtype), jnp.asarray(1, dtype)))
 
     def leaf(x, g, v):
         dtype = compute_dtype(x.dtype, g.dtype, v.dtype)
-        beta_adj = jnp.where(T > 0, jnp.asarray(beta, dtype), jnp.asarray(1, dtype))
         direction, v_new = momentum_leaf(
-            g, v, x if use_x else None, alpha=alpha, beta_adj=beta_adj,
+            g, v, x if use_x else None, alpha=alpha, beta_adj=beta_adjusted(dtype),
             nesterov=mode == "nesterov", norm_coefficient=norm_coefficient, dtype=dtype,
         )
         x_new = x.astype(dtype) - R.astype(dtype) * direction
