@@ -221,11 +221,17 @@ class _Moments(NamedTuple):
 
 
 # Factored leaves on CPU at least this large take the loop of
-# _column_sums_blocked; below it XLA's own column reductions are as fast.
-_BLOCKED_MIN_SIZE = 1 << 20
-# Elements per block of rows in that loop: about a megabyte of float32, few
-# enough iterations that the loop's own cost stays small.
-_BLOCK_ELEMENTS = 1 << 18
+# _column_sums_blocked. XLA:CPU's reductions of smaller matrices are no faster
+# than the loop (768x768: 0.59 ms a step against 0.83 ms with plain
+# reductions) and materialize G^2, a temporary as large as the leaf that,
+# leaf after leaf, XLA:CPU does not share between leaves: 100 MiB of temporary
+# memory on the 86M-parameter transformer tree of benchmarks/run.py.
+_BLOCKED_MIN_SIZE = 1 << 16
+# Elements per block of rows in that loop (2 x 64 KiB of float32 accumulators
+# per leaf, in cache): the transformer step's temporary memory is 9 MiB and
+# large leaves run as fast as with blocks 16x larger (8192x8192: 51 ms
+# either way, benchmarks/RESULTS.md).
+_BLOCK_ELEMENTS = 1 << 14
 
 
 def _factored_plain(g, x, nu, b2, eps1, row, col, guard, dtype) -> _Moments:
