@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +31,7 @@ import numpy as np
 import optax
 
 import optkit
+from benchmarks._hlo import full_array_traffic
 from benchmarks._timing import markdown_table, summary, time_interleaved
 from examples.lm_adafactor import load_text
 from examples.transformer import TransformerConfig, abstract_params, count_params
@@ -69,49 +69,6 @@ class Stepper:
         return self.params
 
 
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.*?) ([a-z][a-z0-9-]*)\((.*?)\)(?:,|$)")
-_FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}
-
-
-def full_array_traffic(hlo: str, shape: tuple[int, ...], dtype: str = "f32") -> dict[str, int]:
-    """Top-level kernels of the compiled ``hlo`` that touch a full-size array, and their reads/writes.
-
-    A full-size array is a ``dtype`` array with as many elements as ``shape``
-    (bitcasts reshape it for free). Each operand of that size is one read; an
-    output of that size one write. A ``while`` loop that carries such an array
-    (read in blocks by its body) counts one read and no write.
-    """
-    size = int(np.prod(shape))
-
-    def count(type_text: str) -> int:
-        dims = re.findall(rf"\b{dtype}\[([\d,]*)\]", type_text)
-        return sum(1 for d in dims if int(np.prod([int(x) for x in d.split(",") if x] or [1])) == size)
-
-    entry = hlo[hlo.index("\nENTRY") :]
-    types: dict[str, str] = {}
-    kernels = reads = writes = 0
-    for line in entry.splitlines()[1:]:
-        match = _INSTRUCTION.match(line)
-        if not match:
-            continue
-        name, out_type, opcode, operands = match.groups()
-        types[name] = out_type
-        if opcode in _FREE:
-            continue
-        operand_names = re.findall(r"%([\w.\-]+)", operands)
-        if opcode == "while":
-            (carried,) = operand_names
-            r, w = count(types.get(carried, "")), 0
-        else:
-            r = sum(count(types.get(op, "")) for op in operand_names)
-            w = count(out_type)
-        if r or w:
-            kernels += 1
-            reads += r
-            writes += w
-    return {"kernels": kernels, "reads": reads, "writes": writes}
-
-
 def speed(shapes, repeats: int, warmup: int):
     rows, traffic_rows = [], []
     for shape in shapes:
@@ -132,7 +89,7 @@ def speed(shapes, repeats: int, warmup: int):
         rows.append([label, "**optkit / optax.adam**", "", "", "",
                      f"**{medians['optkit.adafactor'] / medians['optax.adam']:.3f}** (goal <= 1)"])
         for name, stepper in steppers.items():
-            traffic = full_array_traffic(stepper.hlo, shape)
+            traffic = full_array_traffic(stepper.hlo, int(np.prod(shape)))
             traffic_rows.append([label, name, traffic["kernels"], traffic["reads"], traffic["writes"],
                                  traffic["reads"] + traffic["writes"]])
         del steppers

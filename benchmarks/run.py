@@ -76,6 +76,7 @@ import numpy as np
 import optax
 
 import optkit
+from benchmarks._hlo import full_array_traffic, kernel_count
 from benchmarks._timing import block, markdown_table, summary
 
 REPO = Path(__file__).resolve().parent.parent
@@ -385,53 +386,6 @@ def build_cases(quick: bool, with_torch: bool, skip_slow: bool = False) -> list[
 
 
 # ---------------------------------------------------------------------------
-# HLO: bytes per parameter really moved (one-leaf cases)
-
-_FREE_OPS = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "copy-start", "copy-done"}
-
-
-def hlo_traffic(hlo: str, size: int) -> dict[str, int]:
-    """Top-level kernels of the entry computation that touch an array of ``size`` elements.
-
-    Returns the number of such kernels and of full-size operands read and
-    results written (a while loop carrying a full-size array counts one read).
-    """
-    import re
-
-    entry = hlo[hlo.index("\nENTRY"):]
-    types: dict[str, str] = {}
-    pattern = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.*?) ([a-z][a-z0-9-]*)\((.*?)\)(?:,|$)")
-
-    def count(text: str) -> int:
-        dims = re.findall(r"\b[fsub]\w*\[([\d,]*)\]", text)
-        return sum(1 for d in dims if int(np.prod([int(x) for x in d.split(",") if x] or [1])) == size)
-
-    kernels = reads = writes = 0
-    for line in entry.splitlines()[1:]:
-        match = pattern.match(line)
-        if not match:
-            continue
-        name, out_type, opcode, operands = match.groups()
-        types[name] = out_type
-        if opcode in _FREE_OPS:
-            continue
-        names = re.findall(r"%([\w.\-]+)", operands)
-        if opcode == "while":
-            r, w = count(types.get(names[0], "")), 0
-        else:
-            r, w = sum(count(types.get(n, "")) for n in names), count(out_type)
-        if r or w:
-            kernels, reads, writes = kernels + 1, reads + r, writes + w
-    return {"kernels": kernels, "reads": reads, "writes": writes}
-
-
-def hlo_kernels(hlo: str) -> int:
-    """Number of fusions and other kernels in the entry computation (a proxy for per-array overhead)."""
-    entry = hlo[hlo.index("\nENTRY"):]
-    return sum(1 for line in entry.splitlines() if " fusion(" in line or " while(" in line)
-
-
-# ---------------------------------------------------------------------------
 # Memory, in a fresh process
 
 
@@ -652,9 +606,9 @@ def candidate_entry(spec: Spec, stepper, seconds: list[float]) -> dict:
              "gbps": model * n / (stats["median_ms"] * 1e-3) / 1e9}
     if isinstance(stepper, JaxStepper):
         hlo = stepper.compiled().as_text()
-        entry["hlo_kernels"] = hlo_kernels(hlo)
+        entry["hlo_kernels"] = kernel_count(hlo)
         if entry["n_leaves"] == 1:
-            traffic = hlo_traffic(hlo, n)
+            traffic = full_array_traffic(hlo, n)
             entry["hlo_full_size_kernels"] = traffic["kernels"]
             entry["hlo_bytes_per_param"] = 4 * (traffic["reads"] + traffic["writes"])
     return entry

@@ -1,0 +1,54 @@
+"""Reading a compiled XLA program: how many times a step passes over its full-size arrays."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.*?) ([a-z][a-z0-9-]*)\((.*?)\)(?:,|$)")
+# Instructions that move no array data of their own.
+_FREE_OPS = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "copy-start", "copy-done"}
+
+
+def _entry(hlo: str) -> str:
+    return hlo[hlo.index("\nENTRY"):]
+
+
+def full_array_traffic(hlo: str, size: int) -> dict[str, int]:
+    """Top-level kernels of the entry computation of ``hlo`` that touch an array of ``size`` elements.
+
+    ``hlo`` is the text of a compiled program (``jax.jit(f).lower(...).compile().as_text()``).
+    Each operand with ``size`` elements (any shape, any dtype; bitcasts reshape
+    for free) is one read, a result with ``size`` elements one write; a ``while``
+    loop carrying such an array (read in blocks by its body) counts one read and
+    no write. Returns ``{"kernels", "reads", "writes"}``.
+    """
+
+    def count(type_text: str) -> int:
+        dims = re.findall(r"\b[fsub]\w*\[([\d,]*)\]", type_text)
+        return sum(1 for d in dims if int(np.prod([int(x) for x in d.split(",") if x] or [1])) == size)
+
+    types: dict[str, str] = {}
+    kernels = reads = writes = 0
+    for line in _entry(hlo).splitlines()[1:]:
+        match = _INSTRUCTION.match(line)
+        if not match:
+            continue
+        name, out_type, opcode, operands = match.groups()
+        types[name] = out_type
+        if opcode in _FREE_OPS:
+            continue
+        names = re.findall(r"%([\w.\-]+)", operands)
+        if opcode == "while":
+            r, w = count(types.get(names[0], "")), 0
+        else:
+            r, w = sum(count(types.get(n, "")) for n in names), count(out_type)
+        if r or w:
+            kernels, reads, writes = kernels + 1, reads + r, writes + w
+    return {"kernels": kernels, "reads": reads, "writes": writes}
+
+
+def kernel_count(hlo: str) -> int:
+    """Fusions and loops in the entry computation of ``hlo`` (a proxy for per-array overhead)."""
+    return sum(1 for line in _entry(hlo).splitlines() if " fusion(" in line or " while(" in line)
