@@ -461,3 +461,11 @@ else:
         assert_shardings(restored, expected_shardings(shapes, mesh, "last"), where="restored")
         chex_equal = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), restored, state)
         assert all(jax.tree.leaves(chex_equal))
+
+    def test_flat_params_refuse_a_sharded_leaf():
+        # FlatParams keeps one buffer per dtype on one device: a leaf sharded over several is refused
+        # by name (the per-leaf default is the path for sharded parameters); its 8 devices hold a
+        # shard along "model" and a replica along "data".
+        sharded = jax.device_put(jnp.ones(8), NamedSharding(make_mesh(), P("model")))
+        with pytest.raises(ValueError, match=r"leaf at \['w'\] is sharded over 8 devices"):
+            optkit.FlatParams.from_tree({"w": sharded, "b": jnp.ones(2)})
