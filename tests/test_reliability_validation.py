@@ -415,6 +415,25 @@ for case, thunk, exc, words in [
     row("Graph", case, thunk, exc, words)
 
 
+
+_FLAT = {"w": jnp.ones((2, 3)), "b": jnp.ones(3)}
+for case, thunk, exc, words in [
+    ("from_tree: None", lambda: optkit.FlatParams.from_tree(None), ValueError, "needs at least one array leaf, got None"),
+    ("from_tree: empty dict", lambda: optkit.FlatParams.from_tree({}), ValueError, "needs at least one array leaf"),
+    ("from_tree: string leaf", lambda: optkit.FlatParams.from_tree({"w": "abc"}), TypeError, "params leaf at ['w'] must be a floating-point array, got str"),
+    ("from_tree: int leaf", lambda: optkit.FlatParams.from_tree({"w": jnp.ones(2), "step": jnp.arange(3)}), TypeError, "params leaf at ['step'] must be a floating-point array, got dtype int32"),
+    ("from_tree: complex leaf", lambda: optkit.FlatParams.from_tree({"w": jnp.ones(2, jnp.complex64)}), TypeError, "params leaf at ['w'] must be a floating-point array, got dtype complex64"),
+    ("constructor called directly", lambda: optkit.FlatParams([jnp.ones(2)], None), TypeError, "from_tree"),
+    ("pack: None", lambda: optkit.FlatParams.from_tree(_FLAT).pack(None), ValueError, "tree does not match the FlatParams layout: tree has 0 leaves"),
+    ("pack: missing leaf", lambda: optkit.FlatParams.from_tree(_FLAT).pack({"w": jnp.ones((2, 3))}), ValueError, "tree does not match the FlatParams layout"),
+    ("pack: wrong shape", lambda: optkit.FlatParams.from_tree(_FLAT).pack({"w": jnp.ones((3, 2)), "b": jnp.ones(3)}), ValueError, "tree leaf at ['w'] has shape (3, 2)"),
+    ("pack: wrong dtype", lambda: optkit.FlatParams.from_tree(_FLAT).pack({"w": jnp.ones((2, 3)), "b": jnp.ones(3, jnp.int32)}), TypeError, "tree leaf at ['b'] has dtype int32 but the FlatParams layout stores float32 there"),
+    ("[]: absent dtype", lambda: optkit.FlatParams.from_tree(_FLAT)["bfloat16"], KeyError, "no bfloat16 buffer; this FlatParams has ['float32']"),
+    ("[]: not a dtype", lambda: optkit.FlatParams.from_tree(_FLAT)[5], KeyError, "indexed by dtype (e.g. 'float32'), got 5"),
+    ("adam update: state of another layout", lambda: optkit.adam(0.1).update(optkit.FlatParams.from_tree(_FLAT), optkit.adam(0.1).init(optkit.FlatParams.from_tree({"v": jnp.ones(9)})), optkit.FlatParams.from_tree(_FLAT)), ValueError, "state.mu does not match updates"),
+]:
+    row("FlatParams", case, thunk, exc, words)
+
 def _undefined_graph():
     g = optkit.Graph(["x"])
     g.add(jnp.sin, ["ghost"], ["y"], name="s")
@@ -536,7 +555,7 @@ def test_bad_input_gets_the_documented_error(function, case, thunk, exc, words):
 
 
 PUBLIC = (
-    [n for n in optkit.__all__ if inspect.isfunction(getattr(optkit, n))] + ["Graph"]
+    [n for n in optkit.__all__ if inspect.isfunction(getattr(optkit, n))] + ["Graph", "FlatParams"]
     + [n for n in optkit.ops.__all__ if inspect.isfunction(getattr(optkit.ops, n))]
     + [n for n in optkit.onnx.__all__ if inspect.isfunction(getattr(optkit.onnx, n)) and n != "supported_ops"]
     + ["Backend"]

@@ -381,7 +381,10 @@ class FlatParams:
         try:
             wanted = jnp.dtype(dtype)
         except TypeError:
-            raise KeyError(dtype) from None
+            raise KeyError(
+                f"FlatParams buffers are indexed by dtype (e.g. 'float32'), got {dtype!r}; "
+                f"this FlatParams has {[d.name for d in self.dtypes]}"
+            ) from None
         for d, buffer in zip(self._layout.dtypes, self._buffers):
             if d == wanted:
                 return buffer
