@@ -60,20 +60,32 @@ def _lowest(dtype: Any) -> Any:
 # ---------------------------------------------------------------------------
 # element-wise arithmetic (multidirectional, i.e. NumPy, broadcasting from version 7)
 
-
-@register("Add", 7, 13, 14)
-def _add(ctx):
-    return jnp.add
-
-
-@register("Sub", 7, 13, 14)
-def _sub(ctx):
-    return jnp.subtract
-
-
-@register("Mul", 7, 13, 14)
-def _mul(ctx):
-    return jnp.multiply
+# Operators that are one jax.numpy function (arithmetic, MatMul, comparisons, logic,
+# Where), with every since_version whose semantics that function implements.
+_ONE_FUNCTION = {
+    "Add": (jnp.add, (7, 13, 14)),
+    "Sub": (jnp.subtract, (7, 13, 14)),
+    "Mul": (jnp.multiply, (7, 13, 14)),
+    "Neg": (jnp.negative, (6, 13)),
+    "Abs": (jnp.abs, (6, 13)),
+    "Sqrt": (jnp.sqrt, (6, 13)),
+    "Exp": (jnp.exp, (6, 13)),
+    "Log": (jnp.log, (6, 13)),
+    "Sigmoid": (jax.nn.sigmoid, (6, 13)),
+    "Tanh": (jnp.tanh, (6, 13)),
+    "MatMul": (jnp.matmul, (1, 9, 13)),
+    "Equal": (jnp.equal, (7, 11, 13, 19)),
+    "Less": (jnp.less, (7, 9, 13)),
+    "Greater": (jnp.greater, (7, 9, 13)),
+    "GreaterOrEqual": (jnp.greater_equal, (12, 16)),
+    "LessOrEqual": (jnp.less_equal, (12, 16)),
+    "And": (jnp.logical_and, (7,)),
+    "Or": (jnp.logical_or, (7,)),
+    "Not": (jnp.logical_not, (1,)),
+    "Where": (jnp.where, (9, 16)),
+}
+for _op_type, (_fn, _versions) in _ONE_FUNCTION.items():
+    register(_op_type, *_versions)(lambda ctx, fn=_fn: fn)
 
 
 @register("Div", 7, 13, 14)
@@ -101,31 +113,6 @@ def _pow(ctx):
     return power
 
 
-@register("Neg", 6, 13)
-def _neg(ctx):
-    return jnp.negative
-
-
-@register("Abs", 6, 13)
-def _abs(ctx):
-    return jnp.abs
-
-
-@register("Sqrt", 6, 13)
-def _sqrt(ctx):
-    return jnp.sqrt
-
-
-@register("Exp", 6, 13)
-def _exp(ctx):
-    return jnp.exp
-
-
-@register("Log", 6, 13)
-def _log(ctx):
-    return jnp.log
-
-
 @register("Relu", 6, 13, 14)
 def _relu(ctx):
     return lambda x: jnp.maximum(x, jnp.zeros((), jnp.result_type(x)))
@@ -135,16 +122,6 @@ def _relu(ctx):
 def _leaky_relu(ctx):
     alpha = ctx.attrs["alpha"]
     return lambda x: jnp.where(x >= 0, x, alpha * x)
-
-
-@register("Sigmoid", 6, 13)
-def _sigmoid(ctx):
-    return jax.nn.sigmoid
-
-
-@register("Tanh", 6, 13)
-def _tanh(ctx):
-    return jnp.tanh
 
 
 # ---------------------------------------------------------------------------
@@ -183,11 +160,6 @@ register("LogSoftmax", 1, 11, 13)(_softmax_builder(jax.nn.log_softmax))
 
 # ---------------------------------------------------------------------------
 # linear algebra
-
-
-@register("MatMul", 1, 9, 13)
-def _matmul(ctx):
-    return jnp.matmul
 
 
 @register("Gemm", 7, 9, 11, 13)
@@ -668,51 +640,6 @@ def _softmax_cross_entropy_loss(ctx):
 # ---------------------------------------------------------------------------
 # comparisons, selection and slicing (masks and clipping in real graphs, and
 # the function bodies of the loss operators: ONNX's "_expanded" test cases)
-
-
-@register("Equal", 7, 11, 13, 19)
-def _equal(ctx):
-    return jnp.equal
-
-
-@register("Less", 7, 9, 13)
-def _less(ctx):
-    return jnp.less
-
-
-@register("Greater", 7, 9, 13)
-def _greater(ctx):
-    return jnp.greater
-
-
-@register("GreaterOrEqual", 12, 16)
-def _greater_or_equal(ctx):
-    return jnp.greater_equal
-
-
-@register("LessOrEqual", 12, 16)
-def _less_or_equal(ctx):
-    return jnp.less_equal
-
-
-@register("And", 7)
-def _and(ctx):
-    return jnp.logical_and
-
-
-@register("Or", 7)
-def _or(ctx):
-    return jnp.logical_or
-
-
-@register("Not", 1)
-def _not(ctx):
-    return jnp.logical_not
-
-
-@register("Where", 9, 16)
-def _where(ctx):
-    return jnp.where
 
 
 def _variadic_builder(fn):
