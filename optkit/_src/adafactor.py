@@ -92,10 +92,6 @@ class FullSecondMoment(NamedTuple):
     v: jax.Array
 
 
-def _is_moment(node: Any) -> bool:
-    return isinstance(node, (FactoredSecondMoment, FullSecondMoment))
-
-
 class ScaleByFactoredRmsState(NamedTuple):
     """State of :func:`scale_by_factored_rms`.
 
@@ -357,7 +353,7 @@ def _moments(g, x, nu, b2, eps1, factored_dims, guard, dtype) -> _Moments:
 def _axes_of(shape, nu: FactoredSecondMoment, factored_dims: str) -> tuple[int, int]:
     """The factored axes of a leaf whose state is factored (the state decided it at init)."""
     axes = factored_axes(shape, factored=True, factored_dims=factored_dims, min_dim_size_to_factor=1)
-    assert axes is not None  # checked against the state's shapes in _check_nu
+    assert axes is not None  # checked against the state's shapes in _read_nu
     return axes
 
 
@@ -446,38 +442,84 @@ def _init_nu(params, factored, factored_dims, min_dim_size_to_factor, nu_dtype):
     min_dim = _concrete_min_dim(min_dim_size_to_factor)
 
     def leaf(p):
-        p = jnp.asarray(p)
+        # A Flax box (nnx.Param, nn.Partitioned) is unwrapped, and each statistic is
+        # boxed again with the box's metadata, its sharding names reduced as the array is.
+        box = p if sharding.is_box(p) else None
+        p = jnp.asarray(sharding.unbox(p))
         dtype = nu_dtype or p.dtype
         axes = factored_axes(
             p.shape, factored=factored, factored_dims=factored_dims, min_dim_size_to_factor=min_dim
         )
         if axes is None:
-            return FullSecondMoment(sharding.full_like(p, 0, dtype))
+            return FullSecondMoment(sharding.rebox(box, sharding.full_like(p, 0, dtype)))
         row, col = axes
         return FactoredSecondMoment(
-            v_row=sharding.zeros_without_axis(p, col, dtype), v_col=sharding.zeros_without_axis(p, row, dtype)
+            v_row=sharding.rebox(box, sharding.zeros_without_axis(p, col, dtype), drop_axis=col),
+            v_col=sharding.rebox(box, sharding.zeros_without_axis(p, row, dtype), drop_axis=row),
         )
 
-    return jax.tree.map(leaf, params)
+    return jax.tree.map(leaf, params, is_leaf=sharding.is_box)
 
 
-def _check_nu(nu, updates, factored_dims, name="state.nu") -> list:
-    """Check the statistics tree against ``updates``; return its per-leaf nodes in order."""
-    treedef = jax.tree.structure(updates)
-    nu_treedef = jax.tree.structure(nu, is_leaf=_is_moment)
-    if nu_treedef != treedef:
-        checks.check_same_structure(
-            jax.tree.map(lambda _: 0, nu, is_leaf=_is_moment), updates, name, "updates"
-        )
-    leaves, _ = jax.tree_util.tree_flatten_with_path(updates)
-    nodes = treedef.flatten_up_to(nu)
-    for (path, g), node in zip(leaves, nodes):
+_NODE_FIELDS = {frozenset(FactoredSecondMoment._fields): FactoredSecondMoment,
+                frozenset(FullSecondMoment._fields): FullSecondMoment}
+
+
+def _read_nu(nu, updates, factored_dims, transformation, name="state.nu"):
+    """The statistics of every leaf of ``updates``, and a function that writes new ones back.
+
+    The statistics are matched to the gradients by path, not by container
+    type: ``init`` gives NamedTuple nodes in the parameters' containers, but
+    ``nnx.Optimizer`` hands them back inside ``nnx.State`` and its variables,
+    linen inside ``nn.Partitioned`` boxes, and ``flax.serialization.to_state_dict``
+    as plain dicts. Every such form is read, and the new statistics are written
+    into the same form, so that the state keeps its structure from step to step
+    (``jax.jit``, ``lax.scan``, ``nnx.update``).
+
+    Returns:
+      ``(nodes, write)``: one :class:`FactoredSecondMoment` or
+      :class:`FullSecondMoment` of plain arrays per leaf of ``updates`` (in
+      leaf order), and ``write(new_nodes)``, the new ``nu`` in ``nu``'s structure.
+
+    Raises:
+      ValueError: the statistics are for other leaf paths, or a leaf's are
+        neither ``v`` nor ``v_row`` and ``v_col``, or do not fit its shape; the
+        message names the optimizer and the path.
+    """
+    grads = sharding.leaves_with_paths(updates)
+    names = [tuple(map(sharding.key_name, path)) for path, _ in grads]
+    index = {n: i for i, n in enumerate(names)}
+    stats = sharding.leaves_with_paths(nu)
+    fields: list[dict[str, Any]] = [{} for _ in grads]
+    slots = []
+    for path, leaf in stats:
+        field = sharding.key_name(path[-1]) if path else None
+        i = index.get(tuple(map(sharding.key_name, path[:-1]))) if path else None
+        if i is None or field not in ("v", "v_row", "v_col"):
+            # Name the first difference between the leaf paths of the statistics and of the updates.
+            owners = list(dict.fromkeys(jax.tree_util.keystr(p[:-1]) or "<root>" for p, _ in stats))
+            checks.check_same_paths(owners, [jax.tree_util.keystr(p) or "<root>" for p, _ in grads],
+                                    f"{transformation}: {name}", "updates")
+            raise ValueError(f"{transformation}: {name} holds {jax.tree_util.keystr(path)}, which is "
+                             f"not the statistics v, v_row or v_col of a leaf of updates")
+        fields[i][field] = leaf
+        slots.append((i, field))
+    nodes = []
+    for (path, g), found in zip(grads, fields):
+        where = f"{transformation}: {name} at {jax.tree_util.keystr(path) or '<root>'}"
+        node_type = _NODE_FIELDS.get(frozenset(found))
+        if node_type is None:
+            raise ValueError(
+                f"{where} does not match updates: expected the statistics v (unfactored) or v_row and "
+                f"v_col (factored) of the update there, found {sorted(found) or 'nothing'}; was the "
+                f"state made for other parameters?"
+            )
+        node = node_type(**found)
         shape = np.shape(g)
-        where = f"{name} at {checks.keystr(path)}"
-        if isinstance(node, FullSecondMoment):
+        if node_type is FullSecondMoment:
             if np.shape(node.v) != shape:
                 raise ValueError(f"{where}: v has shape {np.shape(node.v)} but the update has shape {shape}")
-        elif isinstance(node, FactoredSecondMoment):
+        else:
             axes = factored_axes(shape, factored=True, factored_dims=factored_dims)
             expected = None if axes is None else (_without(shape, axes[1]), _without(shape, axes[0]))
             got = (np.shape(node.v_row), np.shape(node.v_col))
@@ -486,11 +528,13 @@ def _check_nu(nu, updates, factored_dims, name="state.nu") -> list:
                     f"{where}: factored statistics of shapes {got} do not fit an update of shape "
                     f"{shape} factored over factored_dims={factored_dims!r} (expected {expected})"
                 )
-        else:
-            raise TypeError(
-                f"{where} must be a FactoredSecondMoment or FullSecondMoment, got {type(node).__name__}"
-            )
-    return nodes
+        nodes.append(node)
+    treedef = jax.tree.structure(nu)
+
+    def write(new_nodes):
+        return treedef.unflatten([getattr(new_nodes[i], field) for i, field in slots])
+
+    return nodes, write
 
 
 # ---------------------------------------------------------------------------
@@ -576,9 +620,9 @@ def scale_by_factored_rms(
 
     def update_fn(updates, state, params=None):
         del params
-        checks.check_state(state, ScaleByFactoredRmsState, "scale_by_factored_rms")
+        state = checks.check_state(state, ScaleByFactoredRmsState, "scale_by_factored_rms")
         checks.check_floating(updates, "updates")
-        nodes = _check_nu(state.nu, updates, factored_dims)
+        nodes, write_nu = _read_nu(state.nu, updates, factored_dims, "scale_by_factored_rms")
         treedef = jax.tree.structure(updates)
         new_updates, new_nu = [], []
         for g, node in zip(treedef.flatten_up_to(updates), nodes):
@@ -590,7 +634,7 @@ def scale_by_factored_rms(
             new_updates.append(u.astype(g.dtype))
             new_nu.append(type(node)(*(a.astype(b.dtype) for a, b in zip(moments.nu, node))))
         count = optax.safe_increment(state.count)
-        return treedef.unflatten(new_updates), ScaleByFactoredRmsState(count, treedef.unflatten(new_nu))
+        return treedef.unflatten(new_updates), ScaleByFactoredRmsState(count, write_nu(new_nu))
 
     return optax.GradientTransformation(init_fn, update_fn)
 
@@ -690,9 +734,9 @@ def scale_by_adafactor(
         return ScaleByAdafactorState(count=jnp.zeros([], jnp.int32), nu=nu, mu=mu)
 
     def update_fn(updates, state, params=None):
-        checks.check_state(state, ScaleByAdafactorState, "scale_by_adafactor")
+        state = checks.check_state(state, ScaleByAdafactorState, "scale_by_adafactor")
         checks.check_floating(updates, "updates")
-        nodes = _check_nu(state.nu, updates, factored_dims)
+        nodes, write_nu = _read_nu(state.nu, updates, factored_dims, "scale_by_adafactor")
         if b1 is not None:
             if state.mu is None:
                 raise ValueError("state.mu is None but b1 is set: the state was made with b1=None")
@@ -737,7 +781,7 @@ def scale_by_adafactor(
             new_nu.append(type(node)(*(a.astype(b.dtype) for a, b in zip(moments.nu, node))))
         count = optax.safe_increment(state.count)
         mu = None if b1 is None else treedef.unflatten(new_mu)
-        return treedef.unflatten(new_updates), ScaleByAdafactorState(count, treedef.unflatten(new_nu), mu)
+        return treedef.unflatten(new_updates), ScaleByAdafactorState(count, write_nu(new_nu), mu)
 
     return optax.GradientTransformation(init_fn, update_fn)
 

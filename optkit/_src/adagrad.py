@@ -114,7 +114,7 @@ def scale_by_onnx_adagrad(
         return ScaleByOnnxAdagradState(count=jnp.zeros([], jnp.int32), sum_of_squares=sum_of_squares)
 
     def update_fn(updates, state, params=None):
-        checks.check_state(state, ScaleByOnnxAdagradState, "scale_by_onnx_adagrad")
+        state = checks.check_state(state, ScaleByOnnxAdagradState, "scale_by_onnx_adagrad")
         checks.check_update_inputs(
             "scale_by_onnx_adagrad", updates, {"state.sum_of_squares": state.sum_of_squares},
             params, params_reason,

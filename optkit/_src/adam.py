@@ -108,7 +108,7 @@ def scale_by_dml_adam(
         return ScaleByDmlAdamState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu)
 
     def update_fn(updates, state, params=None):
-        checks.check_state(state, ScaleByDmlAdamState, "scale_by_dml_adam")
+        state = checks.check_state(state, ScaleByDmlAdamState, "scale_by_dml_adam")
         checks.check_update_inputs(
             "scale_by_dml_adam", updates, {"state.mu": state.mu, "state.nu": state.nu},
             params, params_reason,

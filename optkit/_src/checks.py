@@ -10,7 +10,7 @@ time; range checks skip them, as the public docstrings say.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -27,6 +27,7 @@ __all__ = [
     "check_same_shapes",
     "check_params_given",
     "keystr",
+    "check_same_paths",
     "check_update_inputs",
     "check_params",
     "check_state",
@@ -205,19 +206,8 @@ def _paths(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> list[str]
     return [keystr(path) for path, _ in leaves]
 
 
-def check_same_structure(
-    tree: Any, reference: Any, name: str, reference_name: str
-) -> None:
-    """Raise ``ValueError`` if ``tree`` and ``reference`` are different pytrees.
-
-    The message names the first path present in one tree and not the other,
-    or the first node whose container type differs.
-    """
-    treedef = jax.tree_util.tree_structure(tree)
-    ref_treedef = jax.tree_util.tree_structure(reference)
-    if treedef == ref_treedef:
-        return
-    paths, ref_paths = _paths(tree), _paths(reference)
+def check_same_paths(paths: Sequence[str], ref_paths: Sequence[str], name: str, reference_name: str) -> None:
+    """Raise ``ValueError`` naming the first leaf path (as text) where two lists of paths differ."""
     for i, (p, q) in enumerate(zip(paths, ref_paths)):
         if p != q:
             raise ValueError(
@@ -231,6 +221,21 @@ def check_same_structure(
             f"{name} does not match {reference_name}: {name} has {len(paths)} leaves and "
             f"{reference_name} has {len(ref_paths)}; the first extra leaf is {extra} in {which}"
         )
+
+
+def check_same_structure(
+    tree: Any, reference: Any, name: str, reference_name: str
+) -> None:
+    """Raise ``ValueError`` if ``tree`` and ``reference`` are different pytrees.
+
+    The message names the first path present in one tree and not the other,
+    or the first node whose container type differs.
+    """
+    treedef = jax.tree_util.tree_structure(tree)
+    ref_treedef = jax.tree_util.tree_structure(reference)
+    if treedef == ref_treedef:
+        return
+    check_same_paths(_paths(tree), _paths(reference), name, reference_name)
     raise ValueError(
         f"{name} does not match {reference_name}: the same leaf paths but different "
         f"container types ({treedef} vs {ref_treedef})"
@@ -269,17 +274,21 @@ def check_params(params: Any, updates: Any) -> None:
     check_floating(params, "params")
 
 
-def check_state(state: Any, state_type: type, transformation: str) -> None:
-    """Raise ``TypeError`` unless ``state`` has the fields of ``state_type`` (what ``init`` returned).
+def check_state(state: Any, state_type: type, transformation: str) -> Any:
+    """``state`` as a ``state_type``, or a ``TypeError`` unless it has that NamedTuple's fields.
 
     Duck-typed on the NamedTuple's fields, so a state restored from a
-    checkpoint (Orbax, ``flax.serialization``) into the same NamedTuple passes;
-    None, a dict, or another optimizer's state fails here with a message
-    instead of an ``AttributeError`` deep inside ``update``.
+    checkpoint (Orbax, ``flax.serialization``) into the same NamedTuple
+    passes, and so does a mapping with exactly those keys (what
+    ``flax.serialization.to_state_dict`` gives; it is read as the NamedTuple);
+    None, a dict of other keys, or another optimizer's state fails here with a
+    message instead of an ``AttributeError`` deep inside ``update``.
     """
     fields = getattr(state_type, "_fields", ())
+    if isinstance(state, Mapping) and not isinstance(state, tuple) and set(state) == set(fields):
+        return state_type(**{field: state[field] for field in fields})
     if all(hasattr(state, field) for field in fields):
-        return
+        return state
     raise TypeError(
         f"{transformation}: state must be the {state_type.__name__} that its init returned "
         f"(fields {list(fields)}), got {type(state).__name__}; did you pass another "

@@ -86,7 +86,7 @@ def scale_by_onnx_momentum(
         return ScaleByOnnxMomentumState(count=jnp.zeros([], jnp.int32), trace=trace)
 
     def update_fn(updates, state, params=None):
-        checks.check_state(state, ScaleByOnnxMomentumState, "scale_by_onnx_momentum")
+        state = checks.check_state(state, ScaleByOnnxMomentumState, "scale_by_onnx_momentum")
         checks.check_update_inputs(
             "scale_by_onnx_momentum", updates, {"state.trace": state.trace},
             params, params_reason,

@@ -31,13 +31,25 @@ Different parameters of one shape would be forced into one sharding.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-__all__ = ["full_like", "zeros_without_axis", "tree_zeros_like", "may_be_split"]
+__all__ = [
+    "full_like",
+    "zeros_without_axis",
+    "tree_zeros_like",
+    "may_be_split",
+    "is_box",
+    "unbox",
+    "rebox",
+    "leaves_with_paths",
+    "key_name",
+]
 
 _AUTO = getattr(getattr(jax.sharding, "AxisType", None), "Auto", None)
 _MANUAL = getattr(getattr(jax.sharding, "AxisType", None), "Manual", None)
@@ -162,3 +174,134 @@ def tree_zeros_like(tree, dtype=None):
     """``optax.tree.zeros_like``, with every leaf sharded as its counterpart in ``tree`` (:func:`full_like`)."""
     return jax.tree.map(lambda p: full_like(p, 0, dtype), tree)
 
+
+
+# ---------------------------------------------------------------------------
+# Boxed parameters: Flax's nnx.Variable and linen's AxisMetadata (nn.Partitioned)
+#
+# Flax hands optimizers parameters wrapped in boxes that carry sharding names:
+# ``nnx.Optimizer`` calls ``tx.init(nnx.state(model, wrt))`` on nnx.Param
+# variables, and linen's ``TrainState.create`` on ``nn.Partitioned`` boxes.
+# Both are pytree nodes with one child (the array), so ``jax.tree.map`` keeps
+# the box, with its metadata, around each state leaf it makes. That is right
+# for a state leaf of the parameter's shape; a leaf with one axis fewer
+# (Adafactor's row and column statistics) needs the metadata with that axis
+# dropped too, or Flax applies a rank-2 sharding to a vector. Flax is an
+# optional dependency: the box types are looked up only among modules the
+# program has already imported.
+
+
+def _box_types() -> tuple[type, ...]:
+    types: list[type] = []
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is not None and hasattr(nnx, "Variable"):
+        types.append(nnx.Variable)
+    meta = sys.modules.get("flax.core.meta")
+    if meta is not None and hasattr(meta, "AxisMetadata"):
+        types.append(meta.AxisMetadata)
+    return tuple(types)
+
+
+def is_box(x: Any) -> bool:
+    """True for a Flax box around a parameter: an ``nnx.Variable`` or a linen ``AxisMetadata``."""
+    types = _box_types()
+    return bool(types) and isinstance(x, types)
+
+
+def _one_level(x: Any):
+    """``x``'s children with their keys, and the treedef that rebuilds ``x`` from them."""
+    return jax.tree_util.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)
+
+
+def unbox(x: Any) -> Any:
+    """The value inside a box (its one pytree child); ``x`` itself when it is not a box."""
+    if not is_box(x):
+        return x
+    children, _ = _one_level(x)
+    if len(children) != 1:
+        raise TypeError(f"expected a Flax box with one value, got {type(x).__name__} with {len(children)}")
+    return children[0][1]
+
+
+_PER_AXIS_METADATA = ("out_sharding", "optimizer_sharding", "sharding_names", "sharding")
+
+
+def _drop_entry(spec: Any, axis: int, ndim: int) -> Any:
+    """A per-axis sharding annotation of an ``ndim`` array, for the array with ``axis`` removed.
+
+    Tuples, lists and ``PartitionSpec``s lose their entry ``axis`` (a short
+    one is padded with None first); a ``NamedSharding`` its spec's entry. Any
+    other kind gives None (no annotation), never a wrong one.
+    """
+    if isinstance(spec, NamedSharding):
+        entries = _spec_entries(spec.spec, ndim)
+        del entries[axis]
+        return NamedSharding(spec.mesh, PartitionSpec(*entries), memory_kind=spec.memory_kind)
+    if isinstance(spec, (PartitionSpec, tuple, list)):
+        entries = list(spec) + [None] * (ndim - len(spec))
+        del entries[axis]
+        return PartitionSpec(*entries) if isinstance(spec, PartitionSpec) else type(spec)(entries)
+    return None
+
+
+def rebox(box: Any, value: Any, *, drop_axis: int | None = None) -> Any:
+    """``value`` in a box like ``box`` (same type and metadata); with ``drop_axis``, the metadata
+    of an array with that axis of ``box``'s value removed.
+
+    nnx.Variable: the sharding annotations (``out_sharding``, ``optimizer_sharding``)
+    lose the entry, as the array lost the axis. linen ``AxisMetadata``: its own
+    ``remove_axis`` (``nn.Partitioned`` drops the axis's name). ``box`` is not modified.
+    """
+    if not is_box(box):
+        return value
+    _, treedef = _one_level(box)
+    if drop_axis is None:
+        return treedef.unflatten([value])
+    ndim = np.ndim(unbox(box))
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is not None and isinstance(box, nnx.Variable):
+        metadata = box.get_metadata()
+        dropped = {k: _drop_entry(metadata[k], drop_axis, ndim)
+                   for k in _PER_AXIS_METADATA if metadata.get(k) is not None}
+        return box.replace(value, **dropped)
+    names = getattr(box, "names", None)
+    if names is None or drop_axis >= len(names):
+        return treedef.unflatten([value])
+    partition_name = getattr(sys.modules.get("flax.core.meta"), "PARTITION_NAME", "partition_name")
+    reduced = box.remove_axis(drop_axis, {partition_name: names[drop_axis]})
+    return reduced.replace_boxed(value)
+
+
+def key_name(key: Any) -> str:
+    """A pytree key as a name: a dict key, an attribute name or a sequence index, as a string."""
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def leaves_with_paths(tree: Any) -> list[tuple[tuple[Any, ...], Any]]:
+    """``jax.tree_util.tree_flatten_with_path(tree)[0]`` with Flax boxes transparent.
+
+    The same leaves, in the same order, as ``jax.tree.leaves(tree)``; each
+    path leaves out the keys of the boxes (``nnx.Variable``, ``nn.Partitioned``)
+    the leaf sits in, so that a boxed tree and its unboxed twin have the same
+    paths. Compare paths by :func:`key_name` of each key to match a NamedTuple
+    field, a dict key and an ``nnx.State`` key of the same name, whatever
+    containers Flax, Orbax or ``flax.serialization`` hand back.
+    """
+    out: list[tuple[tuple[Any, ...], Any]] = []
+
+    def walk(x, path):
+        if x is None:
+            return
+        children, treedef = _one_level(x)
+        if jax.tree_util.treedef_is_leaf(treedef):
+            out.append((path, x))
+            return
+        box = is_box(x)
+        for (key,), child in children:
+            walk(child, path if box else (*path, key))
+
+    walk(tree, ())
+    return out
