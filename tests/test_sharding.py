@@ -22,52 +22,21 @@ replicated vector and a scalar) and batches along ``data``:
 - the abstract state and ``jax.jit(tx.init)``'s compiled output shardings
   restore an Orbax checkpoint straight into sharded state.
 
-XLA reads ``--xla_force_host_platform_device_count`` once, when JAX starts its
-CPU backend, and the rest of the suite runs on one device. So when this process
-has fewer than 8 CPU devices, this module runs itself again in a fresh
-``python -m pytest`` with the flag set (one test here, which fails with the
-subprocess's report), and the tests below run there. With 8 CPU devices
-already (the flag set by the caller), they run in this process.
+The module runs on 8 simulated CPU devices, in a child process when the
+suite has fewer (tests/_devices.py).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import jax
 import pytest
 
-NUM_DEVICES = 8
-_FLAG = "--xla_force_host_platform_device_count"
-_CHILD = "OPTKIT_SHARDING_SUBPROCESS"
+from tests._devices import NUM_DEVICES, has_devices, rerun_in_child
 
-
-def _cpu_device_count() -> int:
-    try:
-        return len(jax.devices("cpu"))
-    except RuntimeError:  # no CPU backend in JAX_PLATFORMS
-        return 0
-
-
-if _cpu_device_count() < NUM_DEVICES:
-    if os.environ.get(_CHILD):
-        raise RuntimeError(f"{_FLAG}={NUM_DEVICES} in XLA_FLAGS did not give {NUM_DEVICES} CPU devices")
-
-    def test_sharding_on_8_simulated_cpu_devices():
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS"))}
-        flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(_FLAG)]
-        env["XLA_FLAGS"] = " ".join([*flags, f"{_FLAG}={NUM_DEVICES}"])
-        env["JAX_PLATFORMS"] = "cpu"
-        env[_CHILD] = "1"
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        command = [sys.executable, "-m", "pytest", os.path.abspath(__file__), "-q", "-rfE", "-p", "no:cacheprovider"]
-        result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=900)
-        report = result.stdout + result.stderr
-        if result.returncode != 0 or " passed" not in report:
-            pytest.fail(f"the sharding tests failed on {NUM_DEVICES} simulated CPU devices:\n{report[-20000:]}")
+if not has_devices():
+    test_sharding_on_8_simulated_cpu_devices = rerun_in_child(__file__)
 
 else:
     import jax.numpy as jnp
