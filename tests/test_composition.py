@@ -93,13 +93,29 @@ class CompositionTest(chex.TestCase):
         chex.assert_trees_all_equal(updates, jax.tree.map(jnp.zeros_like, updates))
 
     def test_inject_hyperparams_without_params_names_the_argument(self):
-        tx = optax.inject_hyperparams(optkit.adagrad)(learning_rate=0.1)
+        # A coefficient given to inject_hyperparams (even 0.0) is a JAX array that may be nonzero: it
+        # needs params, eagerly and jitted alike; the error names it.
+        tx = optax.inject_hyperparams(optkit.adagrad)(learning_rate=0.1, norm_coefficient=0.0)
         state = tx.init(PARAMS)
-        with pytest.raises(ValueError, match="norm_coefficient"):
-            jax.jit(tx.update)(_grads(0), state)
-        tx = optax.inject_hyperparams(optkit.adagrad, static_args=("norm_coefficient",))(learning_rate=0.1)
+        for update in (jax.jit(tx.update), tx.update):
+            with pytest.raises(ValueError, match="params=None, but norm_coefficient"):
+                update(_grads(0), state)
+        tx = optax.inject_hyperparams(optkit.adagrad, static_args=("norm_coefficient",))(
+            learning_rate=0.1, norm_coefficient=0.0)
         updates, _ = jax.jit(tx.update)(_grads(0), tx.init(PARAMS))
         assert np.all(np.isfinite(updates["w"]))
+
+    @parameterized.parameters(optkit.adagrad, optkit.adam, optkit.momentum)
+    def test_inject_hyperparams_without_a_coefficient_needs_no_params(self, factory):
+        # A coefficient the user did not pass is None (off): not injected, no params needed, and
+        # the numbers are those of the plain optimizer without params.
+        tx = optax.inject_hyperparams(factory)(learning_rate=0.1)
+        state = tx.init(PARAMS)
+        assert not any(k.startswith("norm_coefficient") for k in state.hyperparams)
+        updates, _ = jax.jit(tx.update)(_grads(0), state)
+        plain = factory(0.1)
+        want, _ = plain.update(_grads(0), plain.init(PARAMS))
+        chex.assert_trees_all_close(updates, want, rtol=1e-6)
 
     def test_flax_nnx_optimizer_step(self):
         from flax import nnx

@@ -41,7 +41,7 @@ import numpy as np
 import optax
 from jax import lax
 
-from optkit._src import checks, sharding
+from optkit._src import checks, flat, sharding
 from optkit._src.ops import compute_dtype, is_concrete_positive, params_needed_for
 
 __all__ = [
@@ -445,7 +445,8 @@ def _init_nu(params, factored, factored_dims, min_dim_size_to_factor, nu_dtype):
         # A Flax box (nnx.Param, nn.Partitioned) is unwrapped, and each statistic is
         # boxed again with the box's metadata, its sharding names reduced as the array is.
         box = p if sharding.is_box(p) else None
-        p = jnp.asarray(sharding.unbox(p))
+        p = sharding.unbox(p)
+        p = p if isinstance(p, jax.ShapeDtypeStruct) else jnp.asarray(p)
         dtype = nu_dtype or p.dtype
         axes = factored_axes(
             p.shape, factored=factored, factored_dims=factored_dims, min_dim_size_to_factor=min_dim
@@ -614,6 +615,7 @@ def scale_by_factored_rms(
     guard = not is_concrete_positive(eps1)
 
     def init_fn(params):
+        flat.refuse_flat(params, "scale_by_factored_rms")
         checks.check_floating(params, "params")
         nu = _init_nu(params, factored, factored_dims, min_dim_size_to_factor, nu_dtype)
         return ScaleByFactoredRmsState(count=jnp.zeros([], jnp.int32), nu=nu)
@@ -621,6 +623,8 @@ def scale_by_factored_rms(
     def update_fn(updates, state, params=None):
         del params
         state = checks.check_state(state, ScaleByFactoredRmsState, "scale_by_factored_rms")
+        checks.check_count(state.count, "scale_by_factored_rms")
+        flat.refuse_flat(updates, "scale_by_factored_rms")
         checks.check_floating(updates, "updates")
         nodes, write_nu = _read_nu(state.nu, updates, factored_dims, "scale_by_factored_rms")
         treedef = jax.tree.structure(updates)
@@ -707,7 +711,7 @@ def scale_by_adafactor(
       >>> state = tx.init({"w": jnp.ones((3, 4)), "b": jnp.zeros(4)})
     """
     checks.check_scalar("learning_rate", learning_rate, low=0.0, allow_schedule=True, allow_none=True)
-    checks.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True, allow_none=True)
+    checks.check_decay("b1", b1, allow_none=True)
     checks.check_scalar("decay_rate", decay_rate, low=0.0, low_open=True)
     checks.check_scalar("eps1", eps1, low=0.0)
     checks.check_scalar("eps2", eps2, low=0.0)
@@ -728,6 +732,7 @@ def scale_by_adafactor(
         params_reason = decay_reason
 
     def init_fn(params):
+        flat.refuse_flat(params, "scale_by_adafactor")
         checks.check_floating(params, "params")
         nu = _init_nu(params, factored, factored_dims, min_dim_size_to_factor, nu_dtype)
         mu = None if b1 is None else sharding.tree_zeros_like(params, mu_dtype)
@@ -735,6 +740,8 @@ def scale_by_adafactor(
 
     def update_fn(updates, state, params=None):
         state = checks.check_state(state, ScaleByAdafactorState, "scale_by_adafactor")
+        checks.check_count(state.count, "scale_by_adafactor")
+        flat.refuse_flat(updates, "scale_by_adafactor")
         checks.check_floating(updates, "updates")
         nodes, write_nu = _read_nu(state.nu, updates, factored_dims, "scale_by_adafactor")
         if b1 is not None:

@@ -40,7 +40,7 @@ class ScaleByOnnxAdagradState(NamedTuple):
 def scale_by_onnx_adagrad(
     *,
     decay_factor: float = 0.0,
-    norm_coefficient: float = 0.0,
+    norm_coefficient: float | None = None,
     eps: float = 1e-6,
     initial_accumulator_value: float = 0.0,
     accumulator_dtype: Any = None,
@@ -62,7 +62,8 @@ def scale_by_onnx_adagrad(
       decay_factor: ONNX ``decay_factor``: the learning rate is divided by
         ``1 + T * decay_factor``; >= 0.
       norm_coefficient: ONNX ``norm_coefficient``, the L2 coefficient added to
-        the gradient; >= 0. When not 0, ``update`` needs ``params``.
+        the gradient; >= 0, or None (default: no term, ONNX's 0.0). Unless it
+        is None or 0, ``update`` needs ``params``; a value given to ``optax.inject_hyperparams`` (even 0.0) always needs them.
       eps: ONNX ``epsilon``, added to ``sqrt(H_new)``; >= 0. Default 1e-6, the
         ONNX schema's default (SPEC 1, Decision (epsilon default)).
       initial_accumulator_value: the starting value of ``H``; >= 0.
@@ -94,7 +95,7 @@ def scale_by_onnx_adagrad(
       >>> updates, state = tx.update({"w": jnp.ones(3)}, state, params)
     """
     checks.check_scalar("decay_factor", decay_factor, low=0.0)
-    checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0)
+    checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0, allow_none=True)
     checks.check_scalar("eps", eps, low=0.0)
     checks.check_scalar("initial_accumulator_value", initial_accumulator_value, low=0.0)
     accumulator_dtype = checks.check_dtype("accumulator_dtype", accumulator_dtype)
@@ -105,16 +106,13 @@ def scale_by_onnx_adagrad(
     def init_fn(params):
         checks.check_floating(params, "params")
         sum_of_squares = jax.tree.map(
-            lambda p: sharding.full_like(
-                p, initial_accumulator_value,
-                dtype=accumulator_dtype or jnp.asarray(p).dtype,
-            ),
-            params,
+            lambda p: sharding.full_like(p, initial_accumulator_value, dtype=accumulator_dtype), params
         )
         return ScaleByOnnxAdagradState(count=jnp.zeros([], jnp.int32), sum_of_squares=sum_of_squares)
 
     def update_fn(updates, state, params=None):
         state = checks.check_state(state, ScaleByOnnxAdagradState, "scale_by_onnx_adagrad")
+        checks.check_count(state.count, "scale_by_onnx_adagrad")
         checks.check_update_inputs(
             "scale_by_onnx_adagrad", updates, {"state.sum_of_squares": state.sum_of_squares},
             params, params_reason,
@@ -144,7 +142,7 @@ def adagrad(
     learning_rate: optax.ScalarOrSchedule,
     *,
     decay_factor: float = 0.0,
-    norm_coefficient: float = 0.0,
+    norm_coefficient: float | None = None,
     eps: float = 1e-6,
     initial_accumulator_value: float = 0.0,
     accumulator_dtype: Any = None,
@@ -169,8 +167,8 @@ def adagrad(
       learning_rate: ONNX ``R``, >= 0: a float or an Optax schedule
         ``count -> rate``.
       decay_factor: ONNX ``decay_factor``, >= 0.
-      norm_coefficient: ONNX ``norm_coefficient``, >= 0 (needs ``params``
-        in ``update`` when not 0).
+      norm_coefficient: ONNX ``norm_coefficient``, >= 0, or None (default: no
+        term); see :func:`scale_by_onnx_adagrad` for when ``update`` needs ``params``.
       eps: ONNX ``epsilon``, >= 0; default 1e-6 (the schema's default).
       initial_accumulator_value: starting value of ``H``, >= 0.
       accumulator_dtype: dtype of ``H``; None keeps each parameter's dtype;

@@ -44,7 +44,7 @@ def scale_by_dml_adam(
     b2: float = 0.999,
     eps: float = 1e-8,
     *,
-    norm_coefficient: float = 0.0,
+    norm_coefficient: float | None = None,
     mu_dtype: Any = None,
     nu_dtype: Any = None,
 ) -> optax.GradientTransformation:
@@ -52,7 +52,7 @@ def scale_by_dml_adam(
 
     With ``T = count + 1`` (SPEC 2, Decision (T)) and, per parameter::
 
-        G_reg  = norm_coefficient * X + G                  # ONNX Adam; G when 0
+        G_reg  = norm_coefficient * X + G                  # ONNX Adam; G when None
         M      = b1 * M + (1 - b1) * G_reg
         V      = b2 * V + (1 - b2) * G_reg * G_reg
         Alpha  = sqrt(1 - b2^T) / (1 - b1^T)
@@ -67,7 +67,9 @@ def scale_by_dml_adam(
       b1: DirectML ``Beta1`` / ONNX ``alpha``, in [0, 1).
       b2: DirectML ``Beta2`` / ONNX ``beta``, in [0, 1).
       eps: DirectML ``Epsilon`` / ONNX ``epsilon``, >= 0.
-      norm_coefficient: ONNX ``norm_coefficient``, >= 0; needs ``params`` when not 0.
+      norm_coefficient: ONNX ``norm_coefficient``, >= 0, or None (default: no
+        term, ONNX's 0.0). Unless it is None or 0, ``update`` needs ``params``;
+        a value given to ``optax.inject_hyperparams`` (even 0.0) always needs them.
       mu_dtype: dtype of the first moment; None keeps each parameter's dtype.
       nu_dtype: dtype of the second moment; None keeps each parameter's dtype.
         Keep it float32 for 16-bit parameters (README "Precision"). The
@@ -92,10 +94,10 @@ def scale_by_dml_adam(
       >>> tx = optax.chain(optkit.scale_by_dml_adam(), optax.scale_by_learning_rate(1e-3))
       >>> state = tx.init({"w": jnp.ones(3)})
     """
-    checks.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-    checks.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
+    checks.check_decay("b1", b1)
+    checks.check_decay("b2", b2)
     checks.check_scalar("eps", eps, low=0.0)
-    checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0)
+    checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0, allow_none=True)
     mu_dtype = checks.check_dtype("mu_dtype", mu_dtype)
     nu_dtype = checks.check_dtype("nu_dtype", nu_dtype)
     params_reason = params_needed_for("norm_coefficient", norm_coefficient)
@@ -109,6 +111,7 @@ def scale_by_dml_adam(
 
     def update_fn(updates, state, params=None):
         state = checks.check_state(state, ScaleByDmlAdamState, "scale_by_dml_adam")
+        checks.check_count(state.count, "scale_by_dml_adam")
         checks.check_update_inputs(
             "scale_by_dml_adam", updates, {"state.mu": state.mu, "state.nu": state.nu},
             params, params_reason,
@@ -134,7 +137,7 @@ def scale_by_dml_adam(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def _scale_by_norm_coefficient_post(norm_coefficient_post: float) -> optax.GradientTransformation:
+def _scale_by_norm_coefficient_post(norm_coefficient_post: float | None) -> optax.GradientTransformation:
     """ONNX Adam's post-step shrinkage: ``X_new = (1 - c) * (X + u)``, as an update.
 
     Returns ``(1 - c) * u - c * X`` so that ``X + update`` is the spec's ``X_new``.
@@ -166,8 +169,8 @@ def adam(
     b2: float = 0.999,
     eps: float = 1e-8,
     *,
-    norm_coefficient: float = 0.0,
-    norm_coefficient_post: float = 0.0,
+    norm_coefficient: float | None = None,
+    norm_coefficient_post: float | None = None,
     mu_dtype: Any = None,
     nu_dtype: Any = None,
 ) -> optax.GradientTransformation:
@@ -197,9 +200,12 @@ def adam(
       b1: ``Beta1`` / ONNX ``alpha``, in [0, 1).
       b2: ``Beta2`` / ONNX ``beta``, in [0, 1).
       eps: ``Epsilon``, >= 0 (default 1e-8; ONNX's schema default is 1e-6).
-      norm_coefficient: ONNX ``norm_coefficient`` (L2 term in the gradient), >= 0.
+      norm_coefficient: ONNX ``norm_coefficient`` (L2 term in the gradient), >= 0,
+        or None (default: no term).
       norm_coefficient_post: ONNX ``norm_coefficient_post`` (shrinkage after
-        the step), in [0, 1).
+        the step), in [0, 1), or None (default: no shrinkage). Either
+        coefficient needs ``params`` in ``update`` unless it is None or 0;
+        a value given to ``optax.inject_hyperparams`` (even 0.0) always needs them.
       mu_dtype, nu_dtype: dtypes of the moments; None keeps each parameter's.
         float32 for 16-bit parameters: see :func:`scale_by_dml_adam`.
 
@@ -212,7 +218,7 @@ def adam(
     Returns:
       An ``optax.GradientTransformation``: ``optax.chain`` of
       :func:`scale_by_dml_adam`, ``optax.scale_by_learning_rate`` and the
-      post-step shrinkage (the identity when ``norm_coefficient_post`` is 0). Every numeric
+      post-step shrinkage (the identity when ``norm_coefficient_post`` is None or 0). Every numeric
       argument works under ``optax.inject_hyperparams``. On sharded parameters
       (``jax.sharding``) the moments get each parameter's sharding, also from
       ``jax.jit(tx.init)``; the count is replicated.
@@ -234,7 +240,7 @@ def adam(
     """
     checks.check_scalar("learning_rate", learning_rate, low=0.0, allow_schedule=True)
     checks.check_scalar(
-        "norm_coefficient_post", norm_coefficient_post, low=0.0, high=1.0, high_open=True
+        "norm_coefficient_post", norm_coefficient_post, low=0.0, high=1.0, high_open=True, allow_none=True
     )
     return optax.chain(
         scale_by_dml_adam(

@@ -32,6 +32,8 @@ __all__ = [
     "check_params",
     "check_state",
     "check_step_count",
+    "check_count",
+    "check_decay",
     "check_rate_scalar",
     "check_shape",
 ]
@@ -382,3 +384,59 @@ def check_rate_scalar(name: str, value: Any) -> jax.Array:
         raise TypeError(f"{name} must be a floating-point scalar, got dtype {dtype}")
     check_scalar(name, value, low=0.0)
     return jnp.asarray(value)
+
+
+def check_count(count: Any, transformation: str) -> None:
+    """An optimizer state's ``count``: an integer scalar, >= 0 when its value is known.
+
+    A state restored from a corrupt or hand-edited checkpoint can hold a
+    negative, float or array ``count``; the step it means (``T``, ``t``) would
+    then be wrong without anything non-finite to show it (Adagrad with
+    ``count = -5`` flips the sign of its update).
+
+    Raises:
+      TypeError: ``count`` is not of an integer dtype (a float, a bool).
+      ValueError: ``count`` is not a scalar, or is concretely negative.
+    """
+    where = f"{transformation}: state.count (the number of updates made so far)"
+    dtype = _leaf_dtype(count) if hasattr(count, "dtype") or isinstance(count, (int, float)) else None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_):
+        kind = "an array" if hasattr(count, "dtype") else f"the {type(count).__name__} {count!r}"
+        raise TypeError(f"{where} must be an integer scalar, got {kind}"
+                        + ("" if dtype is None else f" of dtype {dtype}")
+                        + "; was the state restored from another optimizer's checkpoint or edited?")
+    if np.shape(count) != ():
+        raise ValueError(f"{where} must be a scalar, got shape {np.shape(count)}")
+    value = concrete_float(count)
+    if value is not None and value < 0:
+        raise ValueError(f"{where} must be >= 0, got {int(value)}; was the state restored from a corrupt "
+                         f"checkpoint?")
+
+
+def check_decay(name: str, value: Any, *, allow_none: bool = False) -> None:
+    """A decay rate in [0, 1) such as Adam's ``b1`` and ``b2``, never in a 16-bit float dtype.
+
+    ``optax.inject_hyperparams`` casts hyperparameters to the parameters'
+    dtype; in bfloat16 ``b2 = 0.999`` becomes 1.0 and ``0.9`` becomes
+    0.8984375, and under ``jax.jit`` the value cannot be checked. A 16-bit
+    float value is refused, eagerly and jitted alike, with the remedy.
+
+    Raises:
+      TypeError: ``value`` is a float16 or bfloat16 array (or as :func:`check_scalar`).
+      ValueError: as :func:`check_scalar` with the range [0, 1).
+    """
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+        number = None
+        try:
+            number = concrete_float(value)
+        except TypeError:
+            pass
+        shown = "" if number is None else f" ({number!r} here{', outside [0, 1)' if number >= 1 else ''})"
+        raise TypeError(
+            f"{name} is a {jnp.dtype(dtype).name} value{shown}: optax.inject_hyperparams casts hyperparameters "
+            f"to the parameters' dtype, and {jnp.dtype(dtype).name} rounds a decay rate near 1 to an invalid "
+            f"value (0.999 becomes 1.0 in bfloat16) or loses the digits of 1 - {name}; pass "
+            f"hyperparam_dtype=jnp.float32 to optax.inject_hyperparams (or {name} as a float32 value)"
+        )
+    check_scalar(name, value, low=0.0, high=1.0, high_open=True, allow_none=allow_none)

@@ -28,7 +28,7 @@ from jax.tree_util import DictKey
 
 from optkit._src import checks
 
-__all__ = ["FlatParams"]
+__all__ = ["FlatParams", "refuse_flat"]
 
 
 class _Layout:
@@ -392,3 +392,22 @@ class FlatParams:
 
     def __repr__(self) -> str:
         return f"FlatParams({self._layout!r})"
+
+
+def refuse_flat(tree: Any, transformation: str) -> None:
+    """Raise ``TypeError`` if ``tree`` is, or holds, a :class:`FlatParams`.
+
+    For transformations that are not element-wise (they read each
+    parameter's shape or take statistics per parameter, as Adafactor does):
+    over the concatenated buffers they would compute a different algorithm,
+    with no error to show it.
+    """
+    found = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, FlatParams))
+    if any(isinstance(x, FlatParams) for x in found):
+        raise TypeError(
+            f"{transformation}: got an optkit.FlatParams, which holds every parameter in one buffer per dtype; "
+            f"{transformation} factors and normalizes each parameter by its own shape, so over FlatParams it "
+            f"would compute another algorithm. Give it the per-leaf tree (flat.to_tree(), and gradients taken "
+            f"with respect to it); FlatParams is for element-wise optimizers such as optkit.adam, adagrad "
+            f"and momentum"
+        )

@@ -33,7 +33,7 @@ def scale_by_onnx_momentum(
     beta: float = 1.0,
     *,
     nesterov: bool = False,
-    norm_coefficient: float = 0.0,
+    norm_coefficient: float | None = None,
     accumulator_dtype: Any = None,
 ) -> optax.GradientTransformation:
     """ONNX Momentum's direction, before the learning rate (SPEC.md section 4).
@@ -50,7 +50,9 @@ def scale_by_onnx_momentum(
       alpha: ONNX ``alpha``, the decay of the momentum, >= 0.
       beta: ONNX ``beta``, the gradient's coefficient from the second update on, >= 0.
       nesterov: ONNX ``mode``: False for "standard", True for "nesterov".
-      norm_coefficient: ONNX ``norm_coefficient``, >= 0; needs ``params`` when not 0.
+      norm_coefficient: ONNX ``norm_coefficient``, >= 0, or None (default: no
+        term, ONNX's 0.0). Unless it is None or 0, ``update`` needs ``params``;
+        a value given to ``optax.inject_hyperparams`` (even 0.0) always needs them.
       accumulator_dtype: dtype of ``V``; None keeps each parameter's dtype.
         A float16 ``V`` overflows when ``|V|`` reaches 65520 (``V -> beta * G /
         (1 - alpha)``: a sustained ``|G| >= 6552`` for alpha = 0.9, beta = 1).
@@ -73,7 +75,7 @@ def scale_by_onnx_momentum(
     """
     checks.check_scalar("alpha", alpha, low=0.0)
     checks.check_scalar("beta", beta, low=0.0)
-    checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0)
+    checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0, allow_none=True)
     if not isinstance(nesterov, bool):
         raise TypeError(f"nesterov must be a bool, got {nesterov!r}")
     accumulator_dtype = checks.check_dtype("accumulator_dtype", accumulator_dtype)
@@ -87,6 +89,7 @@ def scale_by_onnx_momentum(
 
     def update_fn(updates, state, params=None):
         state = checks.check_state(state, ScaleByOnnxMomentumState, "scale_by_onnx_momentum")
+        checks.check_count(state.count, "scale_by_onnx_momentum")
         checks.check_update_inputs(
             "scale_by_onnx_momentum", updates, {"state.trace": state.trace},
             params, params_reason,
@@ -119,7 +122,7 @@ def momentum(
     beta: float = 1.0,
     *,
     nesterov: bool = False,
-    norm_coefficient: float = 0.0,
+    norm_coefficient: float | None = None,
     accumulator_dtype: Any = None,
 ) -> optax.GradientTransformation:
     """Momentum exactly as ONNX ``ai.onnx.preview.training::Momentum`` (version 1) defines it.
@@ -144,7 +147,8 @@ def momentum(
       alpha: ONNX ``alpha``, >= 0.
       beta: ONNX ``beta``, >= 0.
       nesterov: ONNX ``mode == "nesterov"``.
-      norm_coefficient: ONNX ``norm_coefficient``, >= 0.
+      norm_coefficient: ONNX ``norm_coefficient``, >= 0, or None (default: no
+        term); see :func:`scale_by_onnx_momentum` for when ``update`` needs ``params``.
       accumulator_dtype: dtype of ``V``; None keeps each parameter's dtype
         (see :func:`scale_by_onnx_momentum` for float16).
 

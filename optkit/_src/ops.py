@@ -91,22 +91,27 @@ def is_concrete_zero(value: Any) -> bool:
 def params_needed_for(name: str, value: Any) -> str | None:
     """Why ``params`` are needed for the term scaled by hyperparameter ``name``, or None.
 
-    None when ``value`` is known to be 0 (the term vanishes). A traced value
-    (``optax.inject_hyperparams`` under ``jax.jit``) may be nonzero, so the
-    term stays and the reason says how to avoid needing ``params``.
+    None when the term is off: ``value`` is None (the default of the
+    transformations' coefficients) or a Python or NumPy 0. A JAX array is
+    what ``optax.inject_hyperparams`` passes for every numeric hyperparameter
+    it was given; under ``jax.jit`` its value is unknown, so whatever it is
+    now (0.0 included) the term is kept and needs ``params``, eagerly and
+    jitted alike, and the reason says so. A coefficient that was never given
+    stays None and is not injected.
     """
+    if value is None:
+        return None
+    if isinstance(value, jax.Array):
+        if not isinstance(value, jax.core.Tracer) and value.ndim == 0 and float(value) != 0.0:
+            return f"{name} != 0"
+        return (
+            f"{name} (a JAX array, as optax.inject_hyperparams passes each hyperparameter it is given, "
+            f"so possibly nonzero under jax.jit; leave {name} unset for no term, or pass it in "
+            f"static_args)"
+        )
     if is_concrete_zero(value):
         return None
-    try:
-        concrete = checks.concrete_float(value) is not None
-    except TypeError:
-        concrete = False
-    if concrete:
-        return f"{name} != 0"
-    return (
-        f"{name} (a traced value under optax.inject_hyperparams, so possibly nonzero; "
-        f"pass it in static_args to avoid this)"
-    )
+    return f"{name} != 0"
 
 
 def is_concrete_positive(value: Any) -> bool:

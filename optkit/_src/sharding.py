@@ -129,8 +129,19 @@ def _zeros_from(p, dtype) -> jax.Array:
     return jnp.where(jnp.isfinite(p), jnp.abs(p) * 0, 0).astype(dtype)
 
 
+def _is_abstract(p) -> bool:
+    """A ``jax.ShapeDtypeStruct`` (``init`` on abstract parameters, as in building restore targets)."""
+    return isinstance(p, jax.ShapeDtypeStruct)
+
+
 def full_like(p, fill_value, dtype=None) -> jax.Array:
-    """An array of ``p``'s shape filled with ``fill_value``, sharded as ``p`` is (see the module docstring)."""
+    """An array of ``p``'s shape filled with ``fill_value``, sharded as ``p`` is (see the module docstring).
+
+    ``p`` may be a ``jax.ShapeDtypeStruct``: the result is a concrete array of
+    its shape, placed with its sharding when it has one (as ``optax`` does).
+    """
+    if _is_abstract(p):
+        return jnp.full(p.shape, fill_value, dtype or p.dtype, device=p.sharding)
     p = jnp.asarray(p)
     if not _on_mesh(p):
         return jnp.full_like(p, fill_value, dtype=dtype)  # a concrete p: its sharding; one device: as before
@@ -156,8 +167,12 @@ def zeros_without_axis(p, axis: int, dtype=None) -> jax.Array:
 
     For ``p`` sharded ``P(a, b)`` this is ``P(b)`` for ``axis=0`` and ``P(a)``
     for ``axis=1``: what XLA gives a reduction of ``p`` over ``axis``, so the
-    statistics that Adafactor's step computes by reductions keep it.
+    statistics that Adafactor's step computes by reductions keep it. A
+    ``jax.ShapeDtypeStruct`` ``p`` gives concrete zeros with its sharding reduced so.
     """
+    if _is_abstract(p):
+        shape = p.shape[:axis] + p.shape[axis + 1 :]
+        return jnp.zeros(shape, dtype or p.dtype, device=_without_axis(p.sharding, axis, len(p.shape)))
     p = jnp.asarray(p)
     dtype = p.dtype if dtype is None else dtype
     shape = p.shape[:axis] + p.shape[axis + 1 :]
