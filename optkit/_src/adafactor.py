@@ -749,7 +749,7 @@ def scale_by_adafactor(
                 raise ValueError("state.mu is None but b1 is set: the state was made with b1=None")
             checks.check_same_shapes(state.mu, updates, "state.mu", "updates")
         if params is None:
-            if params_reason is not None:
+            if params_reason is not None and nodes:  # an empty tree has nothing to scale
                 checks.check_params_given(params, "adafactor", params_reason)
         else:
             checks.check_params(params, updates)

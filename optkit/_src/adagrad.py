@@ -63,7 +63,8 @@ def scale_by_onnx_adagrad(
         ``1 + T * decay_factor``; >= 0.
       norm_coefficient: ONNX ``norm_coefficient``, the L2 coefficient added to
         the gradient; >= 0, or None (default: no term, ONNX's 0.0). Unless it
-        is None or 0, ``update`` needs ``params``; a value given to ``optax.inject_hyperparams`` (even 0.0) always needs them.
+        is None or 0, ``update`` needs ``params``; a value given to
+        ``optax.inject_hyperparams`` (even 0.0) always needs them.
       eps: ONNX ``epsilon``, added to ``sqrt(H_new)``; >= 0. Default 1e-6, the
         ONNX schema's default (SPEC 1, Decision (epsilon default)).
       initial_accumulator_value: the starting value of ``H``; >= 0.

@@ -163,6 +163,11 @@ def check_dtype(name: str, dtype: Any) -> Any:
     """Canonicalize an optional state dtype; it must be a floating dtype."""
     if dtype is None:
         return None
+    if isinstance(dtype, (jax.Array, np.ndarray)):
+        raise TypeError(
+            f"{name} must be a floating dtype or None, got an array; under optax.inject_hyperparams a dtype "
+            f"such as jnp.float32 is callable and is taken for a schedule: pass static_args=({name!r},)"
+        )
     try:
         dtype = jnp.dtype(dtype)
     except TypeError:
@@ -317,7 +322,8 @@ def check_update_inputs(
     for name, tree in state_trees.items():
         check_same_shapes(tree, updates, name, "updates")
     if params is None:
-        if params_needed_for is not None:
+        # An empty tree has nothing the term could scale (optax.masked and partition pass empty trees).
+        if params_needed_for is not None and jax.tree_util.tree_leaves(updates):
             check_params_given(params, transformation, params_needed_for)
     else:
         check_params(params, updates)

@@ -311,7 +311,7 @@ def leaves_with_paths(tree: Any) -> list[tuple[tuple[Any, ...], Any]]:
         if x is None:
             return
         children, treedef = _one_level(x)
-        if jax.tree_util.treedef_is_leaf(treedef):
+        if treedef.num_nodes == 1 and treedef.num_leaves == 1:  # an array (an empty node has no leaves)
             out.append((path, x))
             return
         box = is_box(x)
