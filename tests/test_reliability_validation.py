@@ -262,6 +262,45 @@ row("adafactor", "b1 set but state made without it",
     _update("adafactor", P, state=(optkit.adafactor().init(P)[0], optax.EmptyState()), b1=0.9),
     ValueError, "state.mu is None but b1 is set")
 
+
+
+def _with_count(name, count):
+    """``name``'s initial state with its step count replaced (a corrupt or edited checkpoint)."""
+    state = ALIASES[name]().init(P)
+    if not hasattr(state, "_fields"):  # an optax.chain: a plain tuple
+        return (state[0]._replace(count=count), *state[1:])
+    return state._replace(count=count)
+
+
+for name in ALIASES:
+    row(name, "update: negative count (eager: the value is known)",
+        lambda name=name: ALIASES[name]().update(P, _with_count(name, jnp.asarray(-5)), P),
+        ValueError, "state.count (the number of updates made so far) must be >= 0, got -5")
+    row(name, "update: float count", _update(name, P, state=_with_count(name, jnp.asarray(3.0))),
+        TypeError, "state.count (the number of updates made so far) must be an integer scalar, got an array of dtype float32")
+    row(name, "update: count of rank 1", _update(name, P, state=_with_count(name, jnp.zeros(2, jnp.int32))),
+        ValueError, "state.count (the number of updates made so far) must be a scalar, got shape (2,)")
+for name in ("adafactor", "scale_by_adafactor", "scale_by_factored_rms"):
+    transformation = "scale_by_factored_rms" if name == "scale_by_factored_rms" else "scale_by_adafactor"
+    row(name, "init: FlatParams", _init(name, optkit.FlatParams.from_tree(P)), TypeError,
+        f"{transformation}: got an optkit.FlatParams")
+    row(name, "update: FlatParams gradients", _update(name, optkit.FlatParams.from_tree(P), params=None,
+                                                      multiply_by_parameter_scale=False) if name != "scale_by_factored_rms"
+        else _update(name, optkit.FlatParams.from_tree(P)), TypeError, "Give it the per-leaf tree (flat.to_tree()")
+P16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), P)
+row("adam", "inject_hyperparams: bfloat16 parameters make b1 bfloat16",
+    lambda: optax.inject_hyperparams(optkit.adam)(learning_rate=0.1).init(P16),
+    TypeError, "b1 is a bfloat16 value (0.8984375 here): optax.inject_hyperparams casts hyperparameters to the parameters' dtype")
+row("adam", "inject_hyperparams: bfloat16 b2 = 0.999 rounds to 1.0",
+    lambda: optax.inject_hyperparams(optkit.adam)(learning_rate=0.1, b1=jnp.float32(0.9)).init(P16),
+    TypeError, "pass hyperparam_dtype=jnp.float32 to optax.inject_hyperparams")
+row("adam", "inject_hyperparams: bfloat16 b1 under jax.jit (traced)",
+    lambda: jax.jit(optax.inject_hyperparams(optkit.adam)(learning_rate=0.1).init)(P16),
+    TypeError, "b1 is a bfloat16 value: optax.inject_hyperparams casts")
+row("adam", "inject_hyperparams: a dtype taken for a schedule",
+    lambda: optax.inject_hyperparams(optkit.adam)(learning_rate=0.1, mu_dtype=jnp.float32).init(P),
+    TypeError, "pass static_args=('mu_dtype',)")
+
 # Traced hyperparameters are not range-checked (documented): no error, by design.
 row("adam", "inject_hyperparams: concrete b1 out of range at init",
     lambda: optax.inject_hyperparams(optkit.adam)(learning_rate=0.1, b1=1.5).init(P),
