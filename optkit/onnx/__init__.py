@@ -15,7 +15,15 @@ import ``onnx``.
 - :func:`run_model`, :func:`run_node` — one-off runs;
 - :class:`Backend` — an ``onnx.backend.base.Backend`` for ONNX's test runner;
 - :func:`supported_ops` — the op table's ``(domain, op_type, since_version)`` rows;
-- :class:`UnsupportedOpError` — raised for operators, versions or types optkit does not run.
+- :class:`UnsupportedOpError` — raised for operators, versions or types optkit does not run;
+- :class:`TensorTooLargeError` — a tensor above ``max_tensor_bytes`` (default
+  :func:`default_max_tensor_bytes`), refused before it is allocated.
+
+Files from strangers: external data is read only from the model's own
+directory (never for a model given without one, unless ``base_dir`` names
+it), every tensor and every Gradient nesting level is bounded, and what
+optkit cannot run is refused at load time (README "Loading ONNX files from
+strangers").
 
 Example:
   >>> import numpy as np, optkit.onnx
@@ -32,14 +40,25 @@ Example:
 """
 
 from optkit.onnx._backend import Backend, BackendRep, prepare, run_model, run_node
-from optkit.onnx._loader import InputInfo, load_model, to_graph
-from optkit.onnx._table import UnsupportedOpError, supported_ops
+from optkit.onnx._loader import (
+    GRADIENT_DEPTH_CEILING,
+    MAX_GRADIENT_DEPTH,
+    InputInfo,
+    default_max_tensor_bytes,
+    load_model,
+    to_graph,
+)
+from optkit.onnx._table import TensorTooLargeError, UnsupportedOpError, supported_ops
 
 __all__ = [
     "Backend",
     "BackendRep",
+    "GRADIENT_DEPTH_CEILING",
     "InputInfo",
+    "MAX_GRADIENT_DEPTH",
+    "TensorTooLargeError",
     "UnsupportedOpError",
+    "default_max_tensor_bytes",
     "load_model",
     "prepare",
     "run_model",

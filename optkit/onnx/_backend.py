@@ -20,7 +20,7 @@ import onnx.defs
 import onnx.shape_inference
 from onnx import helper
 
-from optkit.onnx._loader import Converted, InputInfo, ModelSource, convert, load_model
+from optkit.onnx._loader import Converted, InputInfo, Limits, ModelSource, convert, load_model
 from optkit.onnx._table import TRAINING_DOMAIN, normalize_domain
 
 __all__ = ["Backend", "BackendRep", "prepare", "run_model", "run_node"]
@@ -71,6 +71,13 @@ class BackendRep(onnx.backend.base.BackendRep):
         by op (faster for a graph run once, as in conformance tests); the
         whole graph is still traced abstractly first, so a shape error is
         raised before any op runs.
+      base_dir: the directory of the external data of a model given without
+        a path (bytes, ``ModelProto``, file object); None (default) refuses
+        such data. A path's external data is read from its own directory.
+      max_tensor_bytes: the largest tensor the graph may declare or compute,
+        in bytes; default: half the memory available on ``device`` at load
+        (:func:`optkit.onnx.default_max_tensor_bytes`).
+      max_gradient_depth: how deep Gradient nodes may nest, 1 to 16 (default 8).
 
     Attributes:
       model: the checked ``onnx.ModelProto``.
@@ -80,7 +87,8 @@ class BackendRep(onnx.backend.base.BackendRep):
       outputs: the output names, in ``graph.output`` order.
 
     Raises:
-      ValueError, UnsupportedOpError: as :func:`optkit.onnx.to_graph`; a bad device.
+      ValueError, TensorTooLargeError, UnsupportedOpError: as
+        :func:`optkit.onnx.to_graph`; a bad device.
 
     Example:
       >>> import numpy as np, optkit.onnx
@@ -92,12 +100,22 @@ class BackendRep(onnx.backend.base.BackendRep):
       Outputs(y=array([0., 2.], dtype=float32))
     """
 
-    def __init__(self, model: ModelSource, device: str = "CPU", *, jit: bool = True) -> None:
-        self.model = load_model(model)
+    def __init__(
+        self,
+        model: ModelSource,
+        device: str = "CPU",
+        *,
+        jit: bool = True,
+        base_dir: str | None = None,
+        max_tensor_bytes: int | None = None,
+        max_gradient_depth: int | None = None,
+    ) -> None:
         self.device = _device(device)
+        self.limits = Limits.make(max_tensor_bytes, max_gradient_depth, self.device)
+        self.model = load_model(model, base_dir=base_dir)
         self._default_device = self.device == jax.devices()[0]
         self._jit = bool(jit)
-        converted: Converted = convert(self.model)
+        converted: Converted = convert(self.model, self.limits)
         self.graph = converted.graph
         self.inputs: tuple[InputInfo, ...] = converted.inputs
         self.outputs: tuple[str, ...] = converted.outputs
@@ -146,11 +164,22 @@ class BackendRep(onnx.backend.base.BackendRep):
             if len(shape) == len(info.shape) and all(shape[a] == d for a, d in self._fixed[info.name]):
                 return value
         if isinstance(value, (bool, int, float, list, tuple)):
-            converted = np.asarray(value)
+            try:
+                converted = np.asarray(value)
+            except (ValueError, OverflowError):
+                converted = np.asarray(value, dtype=object)
             kind = converted.dtype.kind
             if kind not in "biuf" or (kind == "f" and info.dtype.kind != "f"):
                 raise TypeError(f"graph input {info.name!r} is declared {info.dtype}; cannot feed "
                                 f"the Python value {value!r}")
+            if kind in "iu" and info.dtype.kind in "iu" and converted.size:
+                # astype would wrap (2**40 into INT32 gives 0): refuse what does not fit.
+                bounds = np.iinfo(info.dtype)
+                low, high = int(converted.min()), int(converted.max())
+                if low < bounds.min or high > bounds.max:
+                    bad = low if low < bounds.min else high
+                    raise ValueError(f"graph input {info.name!r} is declared {info.dtype}, whose range is "
+                                     f"[{bounds.min}, {bounds.max}]; the Python value {bad} does not fit")
             value = converted.astype(info.dtype)
         elif not isinstance(value, (np.ndarray, np.generic, jax.Array)):
             raise TypeError(f"graph input {info.name!r}: feed a NumPy or JAX array, got "
@@ -218,8 +247,9 @@ class BackendRep(onnx.backend.base.BackendRep):
           TypeError: a value of the wrong dtype, or not an array.
           ValueError: a wrong shape, an unknown or missing input.
           TypeError, ValueError: an error raised while the graph is traced
-            (e.g. incompatible shapes inside the graph, or a node output above
-            2**38 bytes), before anything runs.
+            (e.g. incompatible shapes inside the graph), before anything runs.
+          TensorTooLargeError: a node output above ``max_tensor_bytes``,
+            found while the graph is traced, before anything is allocated.
         """
         if kwargs:
             raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
@@ -264,7 +294,8 @@ class Backend(onnx.backend.base.Backend):
 
     @classmethod
     def prepare(cls, model: ModelSource, device: str = "CPU", **kwargs: Any) -> BackendRep:
-        """Load ``model`` for repeated runs; ``kwargs``: ``jit`` (see :class:`BackendRep`)."""
+        """Load ``model`` for repeated runs; ``kwargs``: ``jit``, ``base_dir``, ``max_tensor_bytes``,
+        ``max_gradient_depth`` (see :class:`BackendRep`)."""
         return BackendRep(model, device, **kwargs)
 
     @classmethod
@@ -340,7 +371,15 @@ def _typed_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
     return inferred
 
 
-def prepare(model: ModelSource, device: str = "CPU", *, jit: bool = True) -> BackendRep:
+def prepare(
+    model: ModelSource,
+    device: str = "CPU",
+    *,
+    jit: bool = True,
+    base_dir: str | None = None,
+    max_tensor_bytes: int | None = None,
+    max_gradient_depth: int | None = None,
+) -> BackendRep:
     """Load an ONNX model for repeated runs (``Backend.prepare``).
 
     Args:
@@ -348,17 +387,25 @@ def prepare(model: ModelSource, device: str = "CPU", *, jit: bool = True) -> Bac
         file, or a binary file object.
       device: ``"CPU"`` or ``"CUDA[:index]"``.
       jit: compile the graph with ``jax.jit`` (default) or run it op by op.
+      base_dir: the directory of the external data of a model given without
+        a path; None (default) refuses such data.
+      max_tensor_bytes: the largest tensor the graph may declare or compute,
+        in bytes; default half the memory available on ``device`` now.
+      max_gradient_depth: how deep Gradient nodes may nest, 1 to 16 (default 8).
 
     Returns:
       A :class:`BackendRep`; call its ``run(inputs)``.
 
     Raises:
-      ValueError: malformed bytes, a model ``onnx.checker`` rejects, an
-        invalid node (optimizer input count not ``2 + k*n``, missing
-        required attributes...), a declared shape with a negative dimension
-        or above 2**38 bytes, a bad device.
-      UnsupportedOpError: an operator, operator version or element type
-        optkit does not run (the message names op type, domain and opset).
+      ValueError: malformed bytes, a model ``onnx.checker`` rejects, external
+        data outside the model's directory or without one, an invalid node
+        (optimizer input count not ``2 + k*n``, missing required
+        attributes...), a declared shape with a negative dimension, Gradient
+        nodes nested too deep, a bad device.
+      TensorTooLargeError: a declared shape above ``max_tensor_bytes``.
+      UnsupportedOpError: an operator, operator version, opset version or
+        element type optkit does not run (the message names op type, domain
+        and opset).
 
     Source: ``onnx.backend.base.Backend.prepare``; SPEC sections 1, 3, 4, 6.
 
@@ -370,16 +417,19 @@ def prepare(model: ModelSource, device: str = "CPU", *, jit: bool = True) -> Bac
       >>> optkit.onnx.prepare(helper.make_model(g)).run([np.zeros(2, np.float32)]).y
       array([1., 1.], dtype=float32)
     """
-    return Backend.prepare(model, device, jit=jit)
+    return Backend.prepare(model, device, jit=jit, base_dir=base_dir, max_tensor_bytes=max_tensor_bytes,
+                           max_gradient_depth=max_gradient_depth)
 
 
-def run_model(model: ModelSource, inputs: Any, device: str = "CPU", *, jit: bool = True) -> tuple[Any, ...]:
+def run_model(model: ModelSource, inputs: Any, device: str = "CPU", *, jit: bool = True,
+              **limits: Any) -> tuple[Any, ...]:
     """Load ``model`` and run it once on ``inputs`` (``Backend.run_model``).
 
     Args:
       model: as :func:`prepare`.
       inputs: one value per graph input in ``graph.input`` order, or a dict by name.
       device, jit: as :func:`prepare`.
+      limits: ``base_dir``, ``max_tensor_bytes``, ``max_gradient_depth``, as :func:`prepare`.
 
     Returns:
       The outputs in ``graph.output`` order (a named tuple of NumPy arrays).
@@ -397,7 +447,7 @@ def run_model(model: ModelSource, inputs: Any, device: str = "CPU", *, jit: bool
       >>> optkit.onnx.run_model(helper.make_model(g), [np.ones(2, np.float32)])
       Outputs(y=array([-1., -1.], dtype=float32))
     """
-    return Backend.run_model(model, inputs, device, jit=jit)
+    return Backend.run_model(model, inputs, device, jit=jit, **limits)
 
 
 def run_node(node: onnx.NodeProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:

@@ -1,13 +1,17 @@
 """ONNX ``ModelProto`` -> :class:`optkit.Graph`: reading, checking, and mapping every node.
 
-Everything that can be known before running is checked here, at load time,
-so that a bad model fails before any computation: the protobuf parses,
-``onnx.checker`` accepts it, every operator version is in the op table, every
-node's arity and attributes are valid (each handler validates its node when
-it is built), every element type is one optkit runs, no declared shape is
-negative or above ``MAX_TENSOR_BYTES``, and the graph is closed
-(:meth:`optkit.Graph.validate`). Node outputs are checked against
-``MAX_TENSOR_BYTES`` when the graph is traced, before XLA runs it.
+ONNX files come from strangers, so everything that can be known before running
+is checked here, at load time, and a bad model fails before any computation:
+the protobuf parses, external data is read only from the model's own directory
+(onnx's own checks: relative paths inside it, no ``..``, no symlinks out) and
+never for a model given without one, ``onnx.checker`` accepts it, every
+operator version is in the op table and every opset version is one ONNX
+defines, every node's arity and attributes are valid (each handler validates
+its node when it is built), every element type is one optkit runs, no declared
+shape is negative or above the tensor-size limit, Gradient nodes nest at most
+``max_gradient_depth`` deep, and the graph is closed
+(:meth:`optkit.Graph.validate`). Node outputs are checked against the
+tensor-size limit when the graph is traced, before XLA runs it.
 """
 
 from __future__ import annotations
@@ -16,23 +20,25 @@ import dataclasses
 import math
 import os
 from collections.abc import Mapping
-from typing import IO
+from typing import IO, Any
 
 import google.protobuf.message
 import jax
 import numpy as np
 import onnx
 import onnx.defs
+import onnx.external_data_helper
 import onnx.inliner
-from onnx import numpy_helper
 
 from optkit._src.graph import Graph
 from optkit.onnx import _standard, _training  # noqa: F401  (they fill the op table)
 from optkit.onnx._table import (
     _DTYPES,
+    DEFAULT_DOMAIN,
     TRAINING_DOMAIN,
     NodeContext,
     OpSpec,
+    TensorTooLargeError,
     UnsupportedOpError,
     domain_text,
     is_static,
@@ -40,32 +46,140 @@ from optkit.onnx._table import (
     normalize_domain,
     onnx_dtype,
     parse_attributes,
+    tensor_value,
 )
 
-__all__ = ["ModelSource", "InputInfo", "load_model", "to_graph", "convert", "MAX_TENSOR_BYTES"]
+__all__ = [
+    "ModelSource",
+    "InputInfo",
+    "Limits",
+    "load_model",
+    "to_graph",
+    "convert",
+    "default_max_tensor_bytes",
+    "MAX_GRADIENT_DEPTH",
+    "GRADIENT_DEPTH_CEILING",
+]
 
 ModelSource = onnx.ModelProto | bytes | bytearray | memoryview | str | os.PathLike | IO[bytes]
 
-# The largest tensor a model may declare or a node may compute: 256 GiB, more
-# than any single accelerator holds today, so a larger one can only be a corrupt
-# or hostile model. Checked before anything is allocated: declared shapes at
-# load, node outputs when the graph is traced (before XLA runs it).
-MAX_TENSOR_BYTES = 2**38
+# Gradient nodes nested deeper than this are refused at load time: each level of
+# nesting differentiates the level below it again, about tripling the work (8
+# levels take 1.6 s on a 2-core CPU, 12 over two minutes), and Python's recursion
+# limit is reached near 64. ``max_gradient_depth`` may raise it up to the ceiling.
+MAX_GRADIENT_DEPTH = 8
+GRADIENT_DEPTH_CEILING = 16
 
 
-def _check_size(shape: tuple[int, ...], dtype: np.dtype | None, what: str) -> None:
-    """Raise ``ValueError`` naming ``what`` if a tensor of ``shape`` exceeds ``MAX_TENSOR_BYTES``."""
+def _available_bytes(device: jax.Device | None) -> int | None:
+    """Bytes of memory free on ``device`` now (an accelerator's free memory, else the host's)."""
+    if device is not None and device.platform != "cpu":
+        try:
+            stats = device.memory_stats() or {}
+        except Exception:  # noqa: BLE001 - a backend without memory statistics
+            stats = {}
+        if "bytes_limit" in stats:
+            return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    candidates = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    candidates.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:  # a container's own limit (cgroup v2)
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+        if limit != "max":
+            candidates.append(int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    if not candidates:
+        try:
+            candidates.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            return None
+    return max(min(candidates), 0)
+
+
+def default_max_tensor_bytes(device: jax.Device | None = None) -> int:
+    """The default limit on one tensor's bytes: half the memory available on ``device`` now.
+
+    Half the free memory of an accelerator (``device.memory_stats()``), or of
+    the host for CPU devices (``MemAvailable``, within a container's cgroup
+    limit); 2**38 bytes (256 GiB) when neither can be read. A graph that
+    declares or computes one tensor larger than this is refused with
+    :class:`optkit.onnx.TensorTooLargeError` before anything is allocated
+    (XLA would otherwise abort the process, or take the machine's memory).
+    Pass ``max_tensor_bytes=`` to :func:`optkit.onnx.prepare` to raise it.
+
+    Args:
+      device: a ``jax.Device``, or None for the host's memory.
+
+    Returns:
+      The limit in bytes (an int >= 1).
+
+    Raises:
+      TypeError: ``device`` is neither a ``jax.Device`` nor None.
+
+    Example:
+      >>> import optkit.onnx
+      >>> optkit.onnx.default_max_tensor_bytes() > 0
+      True
+    """
+    if device is not None and not isinstance(device, jax.Device):
+        raise TypeError(f"device must be a jax.Device or None, got {device!r}")
+    available = _available_bytes(device)
+    return 2**38 if available is None else max(available // 2, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What a loaded model may use: bytes of one tensor, depth of nested Gradient nodes.
+
+    Attributes:
+      max_tensor_bytes: the largest tensor (declared or computed) in bytes.
+      max_gradient_depth: how deep Gradient nodes may nest (a Gradient whose
+        ``y`` is computed through another Gradient is one level deeper).
+    """
+
+    max_tensor_bytes: int
+    max_gradient_depth: int = MAX_GRADIENT_DEPTH
+
+    @classmethod
+    def make(cls, max_tensor_bytes: int | None = None, max_gradient_depth: int | None = None,
+             device: jax.Device | None = None) -> Limits:
+        """The limits with defaults filled in, each checked (a positive int; the depth at most the ceiling)."""
+        if max_tensor_bytes is None:
+            max_tensor_bytes = default_max_tensor_bytes(device)
+        if isinstance(max_tensor_bytes, bool) or not isinstance(max_tensor_bytes, (int, np.integer)) \
+                or max_tensor_bytes < 1:
+            raise ValueError(f"max_tensor_bytes must be a positive integer, got {max_tensor_bytes!r}")
+        depth = MAX_GRADIENT_DEPTH if max_gradient_depth is None else max_gradient_depth
+        if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or not \
+                1 <= depth <= GRADIENT_DEPTH_CEILING:
+            raise ValueError(f"max_gradient_depth must be an integer from 1 to {GRADIENT_DEPTH_CEILING} "
+                             f"(each level about triples the work), got {depth!r}")
+        return cls(int(max_tensor_bytes), int(depth))
+
+
+def _check_size(shape: tuple[int, ...], dtype: np.dtype | None, what: str, limit: int) -> None:
+    """Raise :class:`TensorTooLargeError` naming ``what`` if a tensor of ``shape`` exceeds ``limit`` bytes."""
     elements = math.prod(shape)
     itemsize = 1 if dtype is None else np.dtype(dtype).itemsize
-    if elements * itemsize > MAX_TENSOR_BYTES:
+    if elements * itemsize > limit:
         kind = "" if dtype is None else f" of {np.dtype(dtype).name}"
-        raise ValueError(f"{what} has shape {tuple(shape)}: {elements:.4g} elements{kind}, "
-                         f"{elements * itemsize:.4g} bytes, more than optkit.onnx's limit of "
-                         f"{MAX_TENSOR_BYTES} bytes ({MAX_TENSOR_BYTES / 2**30:g} GiB) for one tensor; it is "
-                         f"refused before anything is allocated")
+        raise TensorTooLargeError(
+            f"{what} has shape {tuple(shape)}: {elements:.4g} elements{kind}, {elements * itemsize:.4g} bytes, "
+            f"more than optkit.onnx's limit of {limit} bytes ({limit / 2**30:.3g} GiB) for one tensor; it is "
+            f"refused before anything is allocated (the default limit is half the memory available when "
+            f"the model is loaded; pass max_tensor_bytes= to raise it)")
 
 
-def _check_declared_shape(value_info: onnx.ValueInfoProto, what: str) -> None:
+def _check_declared_shape(value_info: onnx.ValueInfoProto, what: str, limit: int) -> None:
     """A declared (graph output or value_info) tensor shape: no negative or oversized dimensions."""
     if value_info.type.WhichOneof("value") != "tensor_type":
         return
@@ -77,25 +191,38 @@ def _check_declared_shape(value_info: onnx.ValueInfoProto, what: str) -> None:
     if negative:
         raise ValueError(f"{what} {value_info.name!r} declares the negative dimension {negative[0]}")
     dtype = _DTYPES.get(tensor.elem_type)
-    _check_size(tuple(fixed), dtype, f"{what} {value_info.name!r}")
+    _check_size(tuple(fixed), dtype, f"{what} {value_info.name!r}", limit)
 
 
-def load_model(model: ModelSource) -> onnx.ModelProto:
-    """Read an ONNX model and check it with ``onnx.checker``.
+def load_model(model: ModelSource, *, base_dir: str | os.PathLike | None = None) -> onnx.ModelProto:
+    """Read an ONNX model, load its external data safely, and check it with ``onnx.checker``.
+
+    External data (tensors whose bytes live in other files) is read only
+    from the model's own directory: for a path, the file's directory; for
+    bytes, a ``ModelProto`` or a file object, only from ``base_dir`` when the
+    caller gives one (such a model has no directory, and onnx's own loaders
+    read no external file for it). Every external tensor, an initializer or
+    a tensor in a node attribute (a ``Constant``'s ``value``...), goes
+    through onnx's checks: a relative location inside that directory, no
+    ``..``, no symlink out of it.
 
     Args:
       model: a ``onnx.ModelProto``, its serialized bytes, a path to a
-        ``.onnx`` file (external data next to it is loaded), or a binary file
-        object.
+        ``.onnx`` file, or a binary file object.
+      base_dir: for a model given without a path, the directory its external
+        data files are in; None (default) refuses external data.
 
     Returns:
-      The checked ``ModelProto`` (the object itself when one is given; it is
-      not modified).
+      The checked ``ModelProto``: the object given when it has no external
+      data (it is never modified), else a copy with the data loaded.
 
     Raises:
-      ValueError: the bytes are not a ModelProto, or ``onnx.checker`` rejects
-        the model (the message says why).
-      TypeError: ``model`` is none of the accepted kinds.
+      ValueError: the bytes are not a ModelProto, ``onnx.checker`` rejects
+        the model, a path that is a directory, external data without a
+        directory to read it from, or whose location leaves that directory
+        or cannot be read (the message names the tensor).
+      TypeError: ``model`` is none of the accepted kinds, or ``base_dir``
+        given with a path.
       FileNotFoundError: no file at the path.
 
     Example:
@@ -105,19 +232,23 @@ def load_model(model: ModelSource) -> onnx.ModelProto:
       ...
       ValueError: malformed ONNX model bytes: ...
     """
+    directory: str | None = None
     if isinstance(model, onnx.ModelProto):
         proto, origin = model, "the ModelProto"
     elif isinstance(model, (bytes, bytearray, memoryview)):
         proto, origin = _parse(bytes(model), "ONNX model bytes"), "the model bytes"
     elif isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
+        if base_dir is not None:
+            raise TypeError("base_dir is for a model given without a path; the external data of a model "
+                            f"file is read from the file's own directory ({path!r})")
+        if os.path.isdir(path):
+            raise ValueError(f"{path!r} is a directory, not an ONNX model file")
         if not os.path.exists(path):
             raise FileNotFoundError(f"no ONNX model file at {path!r}")
         with open(path, "rb") as f:
             proto = _parse(f.read(), f"ONNX model file {path!r}")
-        if any(_uses_external_data(t) for t in proto.graph.initializer):
-            onnx.load_external_data_for_model(proto, os.path.dirname(os.path.abspath(path)))
-        origin = repr(path)
+        directory, origin = os.path.dirname(os.path.abspath(path)), repr(path)
     elif hasattr(model, "read"):
         data = model.read()
         if not isinstance(data, (bytes, bytearray)):
@@ -127,6 +258,11 @@ def load_model(model: ModelSource) -> onnx.ModelProto:
     else:
         raise TypeError(f"model must be an onnx.ModelProto, bytes, a path or a binary file object, "
                         f"got {type(model).__name__}")
+    if directory is None and base_dir is not None:
+        directory = os.fspath(base_dir)
+        if not os.path.isdir(directory):
+            raise ValueError(f"base_dir {directory!r} is not a directory")
+    proto = _load_external_data(proto, directory, origin)
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as err:
@@ -139,6 +275,66 @@ def load_model(model: ModelSource) -> onnx.ModelProto:
     return proto
 
 
+def _tensors(proto: onnx.ModelProto):
+    """Every TensorProto of the model with a description: initializers, attribute tensors
+    (sub-graphs and model-local functions included). Iterative: no recursion on nesting."""
+    stack: list[tuple[Any, str]] = [(proto.graph, "")]
+    stack += [(function, f"function {function.name!r}: ") for function in proto.functions]
+    while stack:
+        graph, prefix = stack.pop()
+        for tensor in getattr(graph, "initializer", ()):
+            yield f"{prefix}initializer {tensor.name!r}", tensor
+        for sparse in getattr(graph, "sparse_initializer", ()):
+            yield f"{prefix}sparse initializer {sparse.values.name!r}", sparse.values
+            yield f"{prefix}sparse initializer {sparse.values.name!r} (indices)", sparse.indices
+        for index, node in enumerate(graph.node):
+            where = f"{prefix}attribute {{}} of node {node.name or f'{node.op_type}#{index}'!r}"
+            for attr in node.attribute:
+                what = where.format(repr(attr.name))
+                if attr.HasField("t"):
+                    yield what, attr.t
+                for tensor in attr.tensors:
+                    yield what, tensor
+                for sparse in [attr.sparse_tensor] * attr.HasField("sparse_tensor") + list(attr.sparse_tensors):
+                    yield what, sparse.values
+                    yield what, sparse.indices
+                if attr.HasField("g"):
+                    stack.append((attr.g, f"{what}, sub-graph: "))
+                stack += [(g, f"{what}, sub-graph: ") for g in attr.graphs]
+
+
+def _load_external_data(proto: onnx.ModelProto, directory: str | None, origin: str) -> onnx.ModelProto:
+    """``proto`` with the data of its external tensors read from ``directory`` (a copy when there are any)."""
+    if not any(t.data_location == onnx.TensorProto.EXTERNAL for _, t in _tensors(proto)):
+        return proto
+    if directory is None:
+        where = next(w for w, t in _tensors(proto) if t.data_location == onnx.TensorProto.EXTERNAL)
+        raise ValueError(
+            f"{where} keeps its data in an external file, but {origin} was given without a path, so "
+            f"optkit reads no file for it (onnx's loaders do the same); load the model from its path "
+            f"(optkit.onnx.prepare('model.onnx')) or pass base_dir= the directory of its data files")
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)  # the caller's ModelProto is never modified
+    root = os.path.realpath(directory)
+    for where, tensor in _tensors(copy):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = onnx.external_data_helper.ExternalDataInfo(tensor).location
+        parts = location.replace("\\", "/").split("/")
+        target = os.path.realpath(os.path.join(root, location)) if location else root
+        if not location or os.path.isabs(location) or ".." in parts or os.path.splitdrive(location)[0] \
+                or os.path.commonpath([root, target]) != root:
+            raise ValueError(f"{where}: its external data location {location!r} is not a file inside the "
+                             f"model's directory {directory!r}; optkit reads external data from that "
+                             f"directory only")
+        try:
+            onnx.external_data_helper.load_external_data_for_tensor(tensor, root)
+        except (OSError, ValueError, RuntimeError, onnx.checker.ValidationError) as err:
+            raise ValueError(f"{where}: cannot read its external data {location!r} in {directory!r}: "
+                             f"{err}") from None
+    return copy
+
+
 def _parse(data: bytes, what: str) -> onnx.ModelProto:
     proto = onnx.ModelProto()
     try:
@@ -149,10 +345,6 @@ def _parse(data: bytes, what: str) -> onnx.ModelProto:
         raise ValueError(f"malformed {what}: it parses as a ModelProto without a graph "
                          f"({len(data)} bytes)")
     return proto
-
-
-def _uses_external_data(tensor: onnx.TensorProto) -> bool:
-    return tensor.data_location == onnx.TensorProto.EXTERNAL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +389,7 @@ class Converted:
     static_inputs: frozenset[str]
 
 
-def _input_info(value_info: onnx.ValueInfoProto, has_default: bool) -> InputInfo:
+def _input_info(value_info: onnx.ValueInfoProto, has_default: bool, limit: int) -> InputInfo:
     kind = value_info.type.WhichOneof("value")
     if kind != "tensor_type":
         raise UnsupportedOpError(f"graph input {value_info.name!r} has type {kind or 'undefined'}; "
@@ -216,11 +408,11 @@ def _input_info(value_info: onnx.ValueInfoProto, has_default: bool) -> InputInfo
         if any(d < 0 for d in fixed):
             raise ValueError(f"graph input {value_info.name!r} declares the negative dimension "
                              f"{min(fixed)}")
-        _check_size(fixed, dtype, f"graph input {value_info.name!r}")
+        _check_size(fixed, dtype, f"graph input {value_info.name!r}", limit)
     return InputInfo(value_info.name, dtype, shape, has_default)
 
 
-def _folding(fn, ctx: NodeContext):
+def _folding(fn, ctx: NodeContext, limit: int):
     """Run ``fn`` eagerly when every input is known before running, returning NumPy.
 
     Constant sub-graphs (shape arithmetic, Constant nodes, initializers
@@ -233,7 +425,7 @@ def _folding(fn, ctx: NodeContext):
             # Folded eagerly: find the output shapes abstractly first, so that an
             # oversized result (a broadcast or MatMul of constants) is refused
             # before it is allocated.
-            _check_outputs(jax.eval_shape(lambda: fn(*values)), ctx)
+            _check_outputs(jax.eval_shape(lambda: fn(*values)), ctx, limit)
             with jax.ensure_compile_time_eval():
                 out = fn(*values)
             if isinstance(out, tuple):
@@ -241,32 +433,82 @@ def _folding(fn, ctx: NodeContext):
             return np.asarray(out)
         out = fn(*values)
         # Traced (jit, eval_shape, BackendRep's abstract pass): nothing has run yet.
-        _check_outputs(out, ctx)
+        _check_outputs(out, ctx, limit)
         return out
 
     node_function.__name__ = ctx.op_type
     return node_function
 
 
-def _check_outputs(out, ctx: NodeContext) -> None:
-    """Refuse node outputs above ``MAX_TENSOR_BYTES`` (arrays, tracers or shape structs)."""
+def _check_outputs(out, ctx: NodeContext, limit: int) -> None:
+    """Refuse node outputs above ``limit`` bytes (arrays, tracers or shape structs)."""
     values = out if isinstance(out, tuple) else (out,)
     for i, value in enumerate(values):
         if value is None or not hasattr(value, "shape"):
             continue
         name = ctx.outputs[i] if i < len(ctx.outputs) else f"#{i}"
         _check_size(tuple(value.shape), getattr(value, "dtype", None),
-                    f"{ctx.where}: output {name!r}")
+                    f"{ctx.where}: output {name!r}", limit)
 
 
-def convert(model: onnx.ModelProto) -> Converted:
+# The most nodes a model may have once its model-local functions are expanded.
+MAX_EXPANDED_NODES = 1_000_000
+
+
+def _check_function_expansion(model: onnx.ModelProto) -> None:
+    """Refuse a model whose functions, expanded, would exceed ``MAX_EXPANDED_NODES`` nodes.
+
+    onnx.checker refuses recursive functions; this bounds the expansion of
+    the rest, iteratively (functions in an order where callees come first).
+    """
+    functions = {(normalize_domain(f.domain), f.name): f for f in model.functions}
+    size: dict[tuple[str, str], int] = {}
+    pending = list(functions)
+    while pending:
+        progressed = False
+        for key in list(pending):
+            calls = [(normalize_domain(n.domain), n.op_type) for n in functions[key].node]
+            if any(c in functions and c not in size for c in calls):
+                continue
+            size[key] = min(sum(size.get(c, 1) for c in calls), MAX_EXPANDED_NODES + 1)
+            pending.remove(key)
+            progressed = True
+        if not progressed:
+            return  # a cycle: onnx.checker has refused it already
+    total = sum(size.get((normalize_domain(n.domain), n.op_type), 1) for n in model.graph.node)
+    if total > MAX_EXPANDED_NODES:
+        raise ValueError(f"the model's local functions expand to more than {MAX_EXPANDED_NODES} nodes; "
+                         f"optkit.onnx refuses it rather than build such a graph")
+
+
+def _newest_opsets() -> dict[str, int]:
+    """The newest opset version ONNX defines for each domain that has schemas."""
+    newest: dict[str, int] = {}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        domain = normalize_domain(schema.domain)
+        newest[domain] = max(newest.get(domain, 0), int(schema.since_version))
+    newest[DEFAULT_DOMAIN] = max(newest.get(DEFAULT_DOMAIN, 0), onnx.defs.onnx_opset_version())
+    return newest
+
+
+def convert(model: onnx.ModelProto, limits: Limits | None = None) -> Converted:
     """Map a checked ModelProto onto an :class:`optkit.Graph`; see :func:`to_graph`."""
+    limits = Limits.make() if limits is None else limits
     if model.functions:
-        # Model-local functions are expanded into the graph, as ONNX Runtime does.
+        # Model-local functions are expanded into the graph, as ONNX Runtime does; first count
+        # what that makes (a function calling another twice, nested 30 deep, is 2**30 nodes).
+        _check_function_expansion(model)
         model = onnx.inliner.inline_local_functions(model)
     opsets: dict[str, int] = {}
+    newest = _newest_opsets()
     for opset in model.opset_import:
-        opsets[normalize_domain(opset.domain)] = int(opset.version)
+        domain = normalize_domain(opset.domain)
+        opsets[domain] = int(opset.version)
+        if domain in newest and not 1 <= opsets[domain] <= newest[domain]:
+            raise UnsupportedOpError(
+                f"the model imports opset {opsets[domain]} of domain {domain_text(domain)!r}, which ONNX does "
+                f"not define (versions 1 to {newest[domain]} in the installed onnx package); optkit runs "
+                f"no operator under an opset it does not know")
     g = model.graph
     if g.sparse_initializer:
         raise UnsupportedOpError(f"sparse initializers ({g.sparse_initializer[0].name!r}...) are "
@@ -274,15 +516,12 @@ def convert(model: onnx.ModelProto) -> Converted:
 
     initializers: dict[str, np.ndarray] = {}
     for tensor in g.initializer:
-        onnx_dtype(tensor.data_type, f"initializer {tensor.name!r}")
-        value = numpy_helper.to_array(tensor)
-        value.setflags(write=False)
-        initializers[tensor.name] = value
-    infos = tuple(_input_info(vi, vi.name in initializers) for vi in g.input)
+        initializers[tensor.name] = tensor_value(tensor, f"initializer {tensor.name!r}")
+    infos = tuple(_input_info(vi, vi.name in initializers, limits.max_tensor_bytes) for vi in g.input)
     for vi in g.output:
-        _check_declared_shape(vi, "graph output")
+        _check_declared_shape(vi, "graph output", limits.max_tensor_bytes)
     for vi in g.value_info:
-        _check_declared_shape(vi, "value_info")
+        _check_declared_shape(vi, "value_info", limits.max_tensor_bytes)
 
     graph = Graph()
     for info in infos:
@@ -313,7 +552,8 @@ def convert(model: onnx.ModelProto) -> Converted:
             _add_gradient(graph, ctx)
         else:
             fn = spec.build(ctx)
-            graph.add(_folding(fn, ctx), inputs=list(node.input), outputs=list(node.output), name=name)
+            graph.add(_folding(fn, ctx, limits.max_tensor_bytes), inputs=list(node.input),
+                      outputs=list(node.output), name=name)
         for out in node.output:
             if out:
                 specs[out] = (node, spec)
@@ -322,8 +562,57 @@ def convert(model: onnx.ModelProto) -> Converted:
 
     outputs = tuple(vi.name for vi in g.output)
     graph.outputs = outputs
+    _check_gradient_depth(g.node, limits.max_gradient_depth)  # before validate, which recurses per level
     graph.validate()
     return Converted(graph, infos, outputs, _static_inputs(static_slots, specs, infos))
+
+
+def _check_gradient_depth(nodes, limit: int) -> None:
+    """Refuse Gradient nodes nested more than ``limit`` deep, naming the first such node.
+
+    A Gradient node's depth is 1 + the depth of the deepest Gradient node in
+    its sub-graph (the graph from ``xs + zs`` to ``y``, cut at ``xs + zs``).
+    Nodes come in the graph's order (onnx.checker requires it topologically
+    sorted), so every inner Gradient node's depth is known before it is
+    needed; each walk is a loop, so no input makes Python recurse.
+    """
+    producer: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        for out in node.output:
+            if out:
+                producer.setdefault(out, index)
+    depth: dict[int, int] = {}
+    for index, node in enumerate(nodes):
+        if normalize_domain(node.domain) != TRAINING_DOMAIN or node.op_type != "Gradient":
+            continue
+        attrs = {a.name: a for a in node.attribute}
+        if "y" not in attrs:
+            continue  # parse_attributes refused it already
+        y = attrs["y"].s.decode("utf-8", "replace")
+        stop = {v.decode("utf-8", "replace") for key in ("xs", "zs") if key in attrs for v in attrs[key].strings}
+        deepest, inner = 0, None
+        stack, seen = [y], set()
+        while stack:
+            tensor = stack.pop()
+            if tensor in seen or tensor in stop:
+                continue
+            seen.add(tensor)
+            p = producer.get(tensor)
+            if p is None:
+                continue
+            if p in depth and depth[p] > deepest:
+                deepest, inner = depth[p], p
+            if p != index:  # a Gradient differentiated through itself: Graph.validate names the cycle
+                stack.extend(nodes[p].input)
+        depth[index] = deepest + 1
+        if depth[index] > limit:
+            name = node.name or f"Gradient#{index}"
+            inner_name = nodes[inner].name or f"Gradient#{inner}"
+            raise ValueError(
+                f"node {name!r} ({TRAINING_DOMAIN}::Gradient): Gradient nodes nest {depth[index]} deep here "
+                f"(its y {y!r} is computed through Gradient node {inner_name!r}), more than optkit.onnx's "
+                f"limit of {limit}; each level differentiates the one below again and about triples the "
+                f"work. Pass max_gradient_depth= (at most {GRADIENT_DEPTH_CEILING}) to allow more")
 
 
 def _add_gradient(graph: Graph, ctx: NodeContext) -> None:
@@ -365,7 +654,13 @@ def _static_inputs(
     return frozenset(found)
 
 
-def to_graph(model: ModelSource) -> Graph:
+def to_graph(
+    model: ModelSource,
+    *,
+    base_dir: str | os.PathLike | None = None,
+    max_tensor_bytes: int | None = None,
+    max_gradient_depth: int | None = None,
+) -> Graph:
     """Load an ONNX model into an :class:`optkit.Graph`.
 
     The model is read and checked (:func:`load_model`), each node is mapped
@@ -384,27 +679,37 @@ def to_graph(model: ModelSource) -> Graph:
     64-bit mode: evaluate it inside ``with jax.enable_x64(True):``, as
     :class:`optkit.onnx.BackendRep` does.
 
-    Args:
-      model: a ``ModelProto``, its bytes, a path or a binary file object.
-
     Returns:
       The :class:`optkit.Graph`; its ``outputs`` are the model's ``graph.output``.
 
     Source: SPEC sections 1, 3, 4, 6; the ONNX IR (graph inputs, initializers,
     nodes) and each operator version's ONNX documentation.
 
+    Args:
+      model: a ``ModelProto``, its bytes, a path or a binary file object.
+      base_dir: the directory of the external data of a model given without
+        a path (see :func:`load_model`); None refuses such data.
+      max_tensor_bytes: the largest tensor the graph may declare or compute,
+        in bytes; default :func:`default_max_tensor_bytes` (half the memory
+        available now).
+      max_gradient_depth: how deep Gradient nodes may nest, 1 to 16; default 8.
+
     Raises:
       ValueError: malformed bytes (text that is not UTF-8 included), a model
-        ``onnx.checker`` rejects, a node with invalid attributes or arity
-        (e.g. an optimizer whose input count is not ``2 + k*n``, a Momentum
-        without its required attributes), a declared shape with a negative
-        dimension or above ``MAX_TENSOR_BYTES`` (2**38 bytes, 256 GiB). When
-        the graph is traced (jit, ``jax.eval_shape``, :class:`BackendRep`), a
-        node whose output would exceed ``MAX_TENSOR_BYTES`` raises
-        ``ValueError`` before anything is computed; a node computed from
-        constants alone is checked abstractly before it is folded.
-      UnsupportedOpError: an operator, operator version or element type that
-        optkit does not run; the message names op type, domain and opset.
+        ``onnx.checker`` rejects, external data outside the model's directory
+        or without one (see :func:`load_model`), a node with invalid
+        attributes or arity (e.g. an optimizer whose input count is not
+        ``2 + k*n``, a Momentum without its required attributes), a declared
+        shape with a negative dimension, Gradient nodes nested deeper than
+        ``max_gradient_depth`` (naming the node).
+      TensorTooLargeError: (a ``ValueError`` and a ``MemoryError``) a declared
+        shape above ``max_tensor_bytes``; when the graph is traced (jit,
+        ``jax.eval_shape``, :class:`BackendRep`), a node whose output would
+        exceed it, before anything is computed (a node computed from
+        constants alone is checked abstractly before it is folded).
+      UnsupportedOpError: an operator, operator version, opset version or
+        element type that optkit does not run; the message names op type,
+        domain and opset.
 
     Example:
       >>> import jax, jax.numpy as jnp, optkit.onnx
@@ -416,4 +721,5 @@ def to_graph(model: ModelSource) -> Graph:
       >>> jax.jit(graph.as_function(["a", "b"], "c"))(jnp.ones(2), jnp.ones(2))
       Array([2., 2.], dtype=float32)
     """
-    return convert(load_model(model)).graph
+    limits = Limits.make(max_tensor_bytes, max_gradient_depth)
+    return convert(load_model(model, base_dir=base_dir), limits).graph

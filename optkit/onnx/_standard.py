@@ -237,8 +237,16 @@ def _conv(ctx):
                             f"expects {jnp.shape(w)[1] * group}")
         strides, dilations, pads = _spatial_attrs(ctx, n, kernel)
         pads = _auto_pads(ctx, jnp.shape(x)[2:], kernel, strides, dilations, pads)
+        span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+        padded = [s + b + e for s, (b, e) in zip(jnp.shape(x)[2:], pads)]
+        if any(p < k for p, k in zip(padded, span)):
+            raise ctx.error(f"the kernel ({span} with dilation) is larger than the padded input {padded} "
+                            f"for input shape {jnp.shape(x)} and pads {pads}")
+        # Zeros padded explicitly, then a VALID convolution: the same tensor, and XLA:CPU's
+        # convolution with padding larger than the kernel on a tiny input crashed the process.
+        x = jnp.pad(x, [(0, 0), (0, 0), *pads])
         y = lax.conv_general_dilated(
-            x, w, window_strides=strides, padding=pads, rhs_dilation=dilations,
+            x, w, window_strides=strides, padding="VALID", rhs_dilation=dilations,
             feature_group_count=group,
         )
         if b is not None:
@@ -556,16 +564,30 @@ def _gather(ctx):
         size = jnp.shape(x)[a]
         if not _is_integer(indices):
             raise ctx.error(f"indices must be int32 or int64, got {jnp.result_type(indices)}")
-        if isinstance(indices, (np.ndarray, np.generic)):
-            bad = np.asarray(indices)[(indices < -size) | (indices >= size)]
-            if bad.size:
-                raise ctx.error(f"indices {bad.tolist()} are out of range for axis {a} of size {size}")
-        indices = jnp.where(indices < 0, indices + size, indices)
-        # Out-of-range indices known only at run time cannot raise under jit;
-        # "fill" makes them NaN (floats) rather than a silent clamp.
-        return jnp.take(x, indices, axis=a, mode="fill")
+        return jnp.take(x, _checked_indices(ctx, indices, size, f"axis {a}"), axis=a, mode="fill")
 
     return gather
+
+
+def _checked_indices(ctx: NodeContext, indices: Any, size: int, where: str) -> Any:
+    """Indices into an axis of ``size`` with negatives counted from the end, for ``mode="fill"``.
+
+    Indices known at load time (constants) that are out of range raise here.
+    Others are tested in their own dtype, and every out-of-range one becomes
+    ``size``: JAX gathers with int32 indices when the axis fits, so an int64
+    index of 2**32 + 1 would otherwise wrap to row 1; ``size`` is out of range
+    in any dtype, and ``mode="fill"`` then gives NaN (floats) or the fill value
+    of the type, as for any out-of-range index, never a valid element.
+    """
+    if isinstance(indices, (np.ndarray, np.generic)):
+        values = np.asarray(indices)
+        bad = values[(values < -size) | (values >= size)]
+        if bad.size:
+            raise ctx.error(f"indices {bad.tolist()[:8]} are out of range for {where} of size {size}")
+    indices = jnp.asarray(indices)
+    valid = (indices >= -size) & (indices < size)
+    normalized = jnp.where(indices < 0, indices + size, indices)
+    return jnp.where(valid, normalized, jnp.asarray(size, indices.dtype))
 
 
 # ---------------------------------------------------------------------------
@@ -583,14 +605,22 @@ def _nll(ctx: NodeContext, log_prob, labels, weights, reduction: str, ignore_ind
     if not _is_integer(labels):
         raise ctx.error(f"target must be int32 or int64, got {jnp.result_type(labels)}")
     dtype = jnp.result_type(log_prob)
+    classes = jnp.shape(log_prob)[1]
     if ignore_index is None:
         keep = jnp.ones(jnp.shape(labels), bool)
     else:
         keep = labels != ignore_index
-    # An ignored label may be out of range (e.g. -1): gather at 0, then zero it.
-    safe = jnp.where(keep, labels, 0)
+    if isinstance(labels, (np.ndarray, np.generic)):
+        bad = np.asarray(labels)[np.asarray(keep) & ((labels < 0) | (labels >= classes))]
+        if bad.size:
+            raise ctx.error(f"target labels {bad.tolist()[:8]} are out of range for {classes} classes")
+    # Tested in the labels' own dtype (an int64 label of 2**32 + 1 must not wrap to class 1).
+    valid = (labels >= 0) & (labels < classes)
+    # An ignored label may be out of range (e.g. -1): gather at 0, then zero it; a kept label out
+    # of range gives NaN, as onnx.reference's IndexError would have stopped the run.
+    safe = jnp.where(keep & valid, labels, 0)
     picked = jnp.take_along_axis(log_prob, jnp.expand_dims(safe, 1), axis=1)
-    picked = jnp.squeeze(picked, 1)
+    picked = jnp.where(keep & ~valid, jnp.asarray(jnp.nan, dtype), jnp.squeeze(picked, 1))
     weight = keep.astype(dtype)
     if weights is not None:
         weight = weight * jnp.take(weights, safe, axis=0)
@@ -683,7 +713,7 @@ def _gather_elements(ctx):
                             f"outside axis {a}")
         # Outside `axis` the output uses the leading part of data (no broadcasting).
         x = x[tuple(slice(None) if k == a else slice(0, i) for k, i in enumerate(jnp.shape(indices)))]
-        indices = jnp.where(indices < 0, indices + size, indices)
+        indices = _checked_indices(ctx, indices, size, f"axis {a}")
         return jnp.take_along_axis(x, indices, axis=a, mode="fill")
 
     return gather_elements

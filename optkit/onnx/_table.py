@@ -37,6 +37,8 @@ __all__ = [
     "DEFAULT_DOMAIN",
     "TRAINING_DOMAIN",
     "UnsupportedOpError",
+    "TensorTooLargeError",
+    "tensor_value",
     "OpSpec",
     "NodeContext",
     "register",
@@ -60,6 +62,17 @@ class UnsupportedOpError(NotImplementedError):
 
     The message names the operator type, its domain and the model's opset
     version for that domain (and the node, where there is one).
+    """
+
+
+class TensorTooLargeError(ValueError, MemoryError):
+    """A tensor larger than ``max_tensor_bytes``, refused before it is allocated.
+
+    Raised for a declared shape when the model is loaded and for a node's
+    output when the graph is traced, before XLA runs it; the message names the
+    tensor (and node), its shape and bytes, and the limit. It is both a
+    ``ValueError`` (a model optkit does not run) and a ``MemoryError`` (what
+    ``onnx.reference`` raises for such a graph).
     """
 
 
@@ -115,6 +128,32 @@ def onnx_dtype(elem_type: int, what: str) -> np.dtype:
         raise UnsupportedOpError(f"{what} has element type {dtype_name(elem_type)}, which optkit does "
                                  f"not run; supported: {supported}")
     return _DTYPES[elem_type]
+
+
+def tensor_value(tensor: onnx.TensorProto, what: str) -> np.ndarray:
+    """A TensorProto's value as a read-only NumPy array; ``what`` names it in errors.
+
+    Never reads a file: ``numpy_helper.to_array`` would read a tensor whose
+    data is external from the current directory, so a tensor still marked
+    external here (its data was not loaded from the model's directory by
+    :func:`optkit.onnx.load_model`) is refused.
+
+    Raises:
+      ValueError: external data not loaded, or data that does not fit the
+        declared dims and type.
+      UnsupportedOpError: an element type optkit does not run.
+    """
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        raise ValueError(f"{what} keeps its data in an external file that was not loaded; load the "
+                         f"model with optkit.onnx.load_model (from its path, or with base_dir=)")
+    onnx_dtype(tensor.data_type, what)
+    try:
+        value = numpy_helper.to_array(tensor)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{what}: its data does not fit its dims {list(tensor.dims)} and type "
+                         f"{dtype_name(tensor.data_type)} ({err})") from None
+    value.setflags(write=False)
+    return value
 
 
 # ---------------------------------------------------------------------------
@@ -178,10 +217,9 @@ def _attribute_value(attr: onnx.AttributeProto, where: str) -> Any:
     if kind == onnx.AttributeProto.STRINGS:
         return [_decode(v, attr.name, where) for v in value]
     if kind == onnx.AttributeProto.TENSOR:
-        onnx_dtype(value.data_type, f"{where}: attribute {attr.name!r}")
-        return numpy_helper.to_array(value)
+        return tensor_value(value, f"{where}: attribute {attr.name!r}")
     if kind == onnx.AttributeProto.TENSORS:
-        return [numpy_helper.to_array(v) for v in value]
+        return [tensor_value(v, f"{where}: attribute {attr.name!r}") for v in value]
     if kind == onnx.AttributeProto.INTS:
         return [int(v) for v in value]
     if kind == onnx.AttributeProto.FLOATS:
