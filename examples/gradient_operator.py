@@ -1,6 +1,6 @@
 """The three figures of the ONNX Gradient operator, with real numbers (SPEC section 6).
 
-The ONNX page for ``ai.onnx.preview.training::Gradient`` (seeds/001) draws three
+The ONNX page for ``ai.onnx.preview.training::Gradient`` (Gradient-1; SPEC.md section 6) draws three
 graphs. This script builds each as an ``optkit.Graph``, evaluates it with
 ``jax.jit`` and prints the gradients next to the same numbers worked out by hand
 in NumPy:
@@ -13,6 +13,8 @@ in NumPy:
 
 Run: ``python examples/gradient_operator.py`` (CPU, a second or two).
 """
+
+import argparse
 
 import jax
 import jax.numpy as jnp
@@ -105,6 +107,14 @@ def figure_3():
     show("d2O/dW2", out["d2O/dW2"], 2 * X.T @ X @ np.ones((2, 1)))
 
 
-if __name__ == "__main__":
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     epilog="It prints each figure's gradients beside NumPy's by-hand numbers; "
+                                            "it trains nothing, so it takes no --steps and draws no picture.")
+    parser.parse_args(argv)
     figure_1_and_2()
     figure_3()
+
+
+if __name__ == "__main__":
+    main()

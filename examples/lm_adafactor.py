@@ -98,10 +98,10 @@ def train(name, tx, graphdef, params, data, args):
     opt_state = tx.init(params)
     state_bytes = tree_bytes(opt_state)
     batch_rng = np.random.default_rng(args.seed)  # the same batches for every optimizer
-    val_batches = [data.batch(np.random.default_rng(1000 + i), args.batch, "val") for i in range(4)]
+    val_batches = [data.batch(np.random.default_rng(1000 + i), args.batch_size, "val") for i in range(4)]
     train_losses, val_curve, step_seconds = [], [], []
     for step in tqdm(range(1, args.steps + 1), desc=f"{name:>9}", unit="step"):
-        x, y = data.batch(batch_rng, args.batch)
+        x, y = data.batch(batch_rng, args.batch_size)
         start = time.perf_counter()
         params, opt_state, loss = train_step(params, opt_state, x, y)
         train_losses.append(float(loss))  # waits for the step
@@ -163,7 +163,7 @@ def plot(runs, path: str) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=300, help="training steps per optimizer")
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=32, help="sequences per step (default 32)")
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--layers", type=int, default=3)
@@ -192,7 +192,7 @@ def main(argv=None) -> None:
     png = os.path.join(args.out, "lm_adafactor.png")
     plot(runs, png)
 
-    print(f"\n## Summary ({args.steps} steps, batch {args.batch} x {args.seq_len} characters)\n")
+    print(f"\n## Summary ({args.steps} steps, batch {args.batch_size} x {args.seq_len} characters)\n")
     print("| optimizer | train loss (last 20 steps) | validation loss | optimizer state (bytes) "
           "| state / params | step time (median ms) |")
     print("|---|---|---|---|---|---|")

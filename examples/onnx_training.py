@@ -27,12 +27,17 @@ import os
 import sys
 import time
 
-import numpy as np
-import onnx
-import onnx.reference
-from onnx import TensorProto, helper
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import onnx.reference  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from sklearn.model_selection import train_test_split  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import optkit.onnx  # noqa: E402
@@ -113,12 +118,13 @@ def reference_first_step(model: onnx.ModelProto, feeds: dict, gradients: dict) -
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--optimizer", choices=["adam", "adagrad"], default="adam")
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
+    parser.add_argument("--batch-size", type=int, default=64, help="examples per step (default 64)")
+    parser.add_argument("--hidden", type=int, default=64, help="hidden units (default 64)")
     parser.add_argument("--lr", type=float, default=None, help="default: 3e-3 (adam), 5e-2 (adagrad)")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"),
+                        help="folder for the .onnx file and the PNG (default examples/out)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the split, weights and batches (default 0)")
     args = parser.parse_args(argv)
     lr = args.lr if args.lr is not None else (3e-3 if args.optimizer == "adam" else 5e-2)
 
@@ -150,11 +156,12 @@ def main(argv: list[str] | None = None) -> dict:
         (logits,) = predict.run({"X": x_test, **{p: np.asarray(params[p]) for p in PARAMS}})
         return float(np.mean(np.argmax(logits, axis=1) == y_test))
 
-    losses, check, start = [], None, None
-    for step in range(args.steps):
+    losses, check, start, accuracies = [], None, None, []
+    progress = tqdm(range(args.steps), desc=f"onnx {args.optimizer}", unit="step")
+    for step in progress:
         if step == 1:
             start = time.perf_counter()  # after the first step's compilation
-        batch = rng.choice(len(x_train), size=args.batch, replace=False)
+        batch = rng.choice(len(x_train), size=args.batch_size, replace=False)
         feeds = {"X": x_train[batch], "labels": y_train[batch], "R": np.float32(lr), "T": np.int64(step),
                  **params, **state}
         out = rep.run(feeds, as_numpy=step == 0)
@@ -164,19 +171,41 @@ def main(argv: list[str] | None = None) -> dict:
             for name, value in want.items():  # float32 rounding apart, the same numbers
                 np.testing.assert_allclose(np.asarray(out[name]), value, rtol=1e-6, atol=1e-7, err_msg=name)
             check = max(float(np.max(np.abs(np.asarray(out[name]) - want[name]))) for name in want)
-            print(f"step 0 matches onnx.reference.ReferenceEvaluator on {len(want)} outputs (the loss and "
+            tqdm.write(f"step 0 matches onnx.reference.ReferenceEvaluator on {len(want)} outputs (the loss and "
                   f"every {args.optimizer} output; rtol 1e-6, atol 1e-7): max abs difference {check:.2e}")
         params = {p: out[f"{p}_new"] for p in PARAMS}
         state = {name[:-4]: out[name] for name in state_names}
         losses.append(out["loss"])
         if (step + 1) % max(1, args.steps // 5) == 0:
-            print(f"step {step + 1:4d}  loss {float(np.mean([float(v) for v in losses[-20:]])):.4f}  "
-                  f"test accuracy {accuracy():.4f}")
+            accuracies.append((step + 1, accuracy()))
+            progress.set_postfix(loss=f"{float(np.mean([float(v) for v in losses[-20:]])):.4f}",
+                                 test_accuracy=f"{accuracies[-1][1]:.4f}")
     seconds = (time.perf_counter() - start) / max(1, args.steps - 1) if start else float("nan")
     acc = accuracy()
     print(f"{args.optimizer}: final test accuracy {acc:.4f} after {args.steps} steps "
           f"({1e3 * seconds:.2f} ms per step, including feeding and reading back)")
-    return {"test_accuracy": acc, "losses": [float(v) for v in losses], "reference_check": check, "path": path}
+    figure = plot(losses, accuracies, args, os.path.join(args.out, f"onnx_training_{args.optimizer}.png"))
+    return {"test_accuracy": acc, "losses": [float(v) for v in losses], "reference_check": check, "path": path,
+            "figure": figure}
+
+
+def plot(losses, accuracies, args, path: str) -> str:
+    """The training loss of the ONNX graph's steps, and the test accuracy, as a PNG."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([float(v) for v in losses], lw=0.8, label="training loss (batch)")
+    ax.set(xlabel="step", ylabel="softmax cross-entropy", title=f"ONNX training graph with {args.optimizer}, "
+           f"run by optkit.onnx")
+    if accuracies:
+        twin = ax.twinx()
+        twin.plot(*zip(*accuracies), "o-", color="C1", label="test accuracy")
+        twin.set_ylabel("test accuracy")
+        twin.set_ylim(0, 1)
+    ax.legend(loc="center right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"wrote {path}")
+    return path
 
 
 if __name__ == "__main__":

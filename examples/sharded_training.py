@@ -52,12 +52,13 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 if __package__ in (None, ""):  # run as a file: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import optkit  # noqa: E402
-from examples.lm_adafactor import CharData, load_text  # noqa: E402
+from examples.lm_adafactor import OUT_DIR, CharData, load_text  # noqa: E402
 from examples.transformer import MEGATRON_PARTITIONING, Transformer, TransformerConfig, count_params  # noqa: E402
 
 
@@ -102,14 +103,14 @@ def train(name, tx, graphdef, params, loss_fn, eval_loss, data, mesh, args):
               "state_logical_bytes": logical_bytes(opt_state)}
     batch_rng = np.random.default_rng(args.seed)  # the same batches for every optimizer
     losses, seconds = [], []
-    for step in range(args.steps):
-        x, y = (jax.device_put(a, batch_sharding) for a in data.batch(batch_rng, args.batch))
+    for step in tqdm(range(args.steps), desc=name, unit="step"):
+        x, y = (jax.device_put(a, batch_sharding) for a in data.batch(batch_rng, args.batch_size))
         start = time.perf_counter()
         params, opt_state, loss = train_step(params, opt_state, x, y)
         losses.append(float(loss))  # waits for the step
         if step:  # the first step compiles
             seconds.append(time.perf_counter() - start)
-    val = [data.batch(np.random.default_rng(1000 + i), args.batch, "val") for i in range(2)]
+    val = [data.batch(np.random.default_rng(1000 + i), args.batch_size, "val") for i in range(2)]
     record.update(
         losses=losses,
         val_loss=float(np.mean([float(eval_loss(params, *(jax.device_put(a, batch_sharding) for a in b)))
@@ -147,8 +148,8 @@ def train_nnx(cfg, data, mesh, args):
               "state_logical_bytes": logical_bytes(opt_state)}
     batch_rng = np.random.default_rng(args.seed)
     losses, seconds = [], []
-    for step in range(args.steps):
-        x, y = (jax.device_put(a, batch_sharding) for a in data.batch(batch_rng, args.batch))
+    for step in tqdm(range(args.steps), desc=record["name"], unit="step"):
+        x, y = (jax.device_put(a, batch_sharding) for a in data.batch(batch_rng, args.batch_size))
         start = time.perf_counter()
         losses.append(float(train_step(model, optimizer, x, y)))
         if step:
@@ -175,13 +176,14 @@ def _rerun_with_simulated_devices(argv) -> None:
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="training steps per optimizer")
-    parser.add_argument("--batch", type=int, default=16, help="global batch (split along 'data')")
+    parser.add_argument("--batch-size", type=int, default=16, help="global batch, split along 'data' (default 16)")
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--adam-lr", type=float, default=2e-3, help="optkit.adam's learning rate")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default 0)")
+    parser.add_argument("--out", default=OUT_DIR, help="folder for the PNG (default examples/out)")
     args = parser.parse_args(argv)
 
     if len(devices()) < NUM_DEVICES:
@@ -230,7 +232,7 @@ def main(argv=None) -> list[dict]:
         print(f"| {run['name']} state | {run['state_logical_bytes']:,} | {max(held.values()):,} | "
               f"{min(held.values()):,} | {max(held.values()) / max(param_bytes.values()):.3f} |")
 
-    print(f"\n## Training ({args.steps} steps, global batch {args.batch} x {args.seq_len} characters)\n")
+    print(f"\n## Training ({args.steps} steps, global batch {args.batch_size} x {args.seq_len} characters)\n")
     print("| optimizer | first loss | train loss (last 5 steps) | validation loss | step time (median ms) "
           "| shardings kept (params, state) |")
     print("|---|---|---|---|---|---|")
@@ -241,7 +243,29 @@ def main(argv=None) -> list[dict]:
     held = nnx_run["state_bytes"]
     print(f"| {nnx_run['name']} | {nnx_run['losses'][0]:.3f} | {np.mean(nnx_run['losses'][-5:]):.3f} | - | "
           f"{nnx_run['step_ms']:.1f} | state bytes per device {max(held.values()):,} |")
+    plot(runs + [nnx_run], os.path.join(args.out, "sharded_training_loss.png"), mesh)
     return runs + [nnx_run]
+
+
+def plot(runs, path: str, mesh) -> None:
+    """Each run's training loss, with its optimizer-state bytes per device in the legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for run in runs:
+        held = max(run["state_bytes"].values())
+        ax.plot(run["losses"], label=f"{run['name']} (state {held:,} B/device)",
+                ls="--" if run["name"].startswith("nnx") else "-")
+    ax.set(xlabel="step", ylabel="training loss", title=f"data- and model-parallel on mesh {dict(mesh.shape)}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

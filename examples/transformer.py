@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -190,4 +191,27 @@ def abstract_params(cfg: TransformerConfig) -> dict:
 
 def count_params(tree) -> int:
     """Number of scalars in a parameter tree (concrete or abstract)."""
-    return sum(int(jnp.size(leaf)) if hasattr(leaf, "size") else 1 for leaf in jax.tree.leaves(tree))
+    return sum(math.prod(leaf.shape) if hasattr(leaf, "shape") else 1 for leaf in jax.tree.leaves(tree))
+
+
+def main(argv=None) -> None:
+    """Print the parameter tree's shapes for the given sizes (nothing is allocated)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="The transformer that the Adafactor examples train: print "
+                                                 "its parameter shapes (a model definition; it trains nothing)")
+    parser.add_argument("--vocab-size", type=int, default=104, help="tokens (default 104)")
+    parser.add_argument("--d-model", type=int, default=128, help="width of the residual stream (default 128)")
+    parser.add_argument("--layers", type=int, default=4, help="transformer blocks (default 4)")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    args = parser.parse_args(argv)
+    cfg = TransformerConfig(vocab_size=args.vocab_size, d_model=args.d_model, num_layers=args.layers,
+                            num_heads=args.heads)
+    params = abstract_params(cfg)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        print(f"{jax.tree_util.keystr(path):50s} {tuple(leaf.shape)}")
+    print(f"{count_params(params):,} parameters")
+
+
+if __name__ == "__main__":
+    main()

@@ -464,3 +464,4 @@ def test_fuzzed_huge_shapes_raise_only_documented_errors():
         fuzz()
         print("OK")
     """)
+

@@ -18,13 +18,13 @@ every element alike (see :class:`FlatParams`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.tree_util import DictKey
+from jax.tree_util import DictKey, PyTreeDef
 
 from optkit._src import checks
 
@@ -41,7 +41,18 @@ class _Layout:
 
     __slots__ = ("treedef", "dtypes", "sizes", "leaves", "_key", "_hash")
 
-    def __init__(self, treedef, dtypes: tuple, sizes: tuple, leaves: tuple):
+    treedef: PyTreeDef
+    dtypes: tuple[np.dtype, ...]
+    sizes: tuple[int, ...]
+    leaves: tuple[tuple[int, int, tuple[int, ...]], ...]
+
+    def __init__(
+        self,
+        treedef: PyTreeDef,
+        dtypes: tuple[np.dtype, ...],
+        sizes: tuple[int, ...],
+        leaves: tuple[tuple[int, int, tuple[int, ...]], ...],
+    ):
         self.treedef = treedef
         self.dtypes = dtypes
         self.sizes = sizes
@@ -142,7 +153,7 @@ def _to_device(host: np.ndarray, device) -> jax.Array:
 
 
 @jax.tree_util.register_pytree_with_keys_class
-class FlatParams:
+class FlatParams(Mapping[str, Any]):
     """A pytree of parameters stored as one contiguous 1-D buffer per dtype.
 
     The per-leaf tree is a view: :meth:`to_tree` slices it back out. Because
@@ -169,7 +180,11 @@ class FlatParams:
     Buffers: one per distinct dtype among the leaves, in order of first
     appearance in ``jax.tree.leaves`` order; each leaf occupies
     ``size(leaf)`` consecutive elements (row-major), no padding. The pytree
-    key of a buffer is its dtype's name, e.g. ``flat["float32"]``.
+    key of a buffer is its dtype's name, e.g. ``flat["float32"]``: a
+    FlatParams is a read-only ``Mapping[str, jax.Array]`` from dtype names to
+    buffers, so type checkers accept it wherever Optax expects parameters or
+    updates (``tx.init``, ``tx.update``, ``optax.apply_updates``). It is
+    compared and hashed by identity.
 
     Not for sharded parameters: a buffer lives on one device. The default
     per-leaf path is the one to shard.
@@ -211,12 +226,14 @@ class FlatParams:
 
     # -- pytree protocol ------------------------------------------------------
 
-    def tree_flatten_with_keys(self):
+    def tree_flatten_with_keys(self) -> tuple[list[tuple[Any, Any]], _Layout]:
+        """The pytree protocol: the buffers, keyed by dtype name, and the layout as aux data."""
         keys = [DictKey(dtype.name) for dtype in self._layout.dtypes]
         return list(zip(keys, self._buffers)), self._layout
 
     @classmethod
-    def tree_unflatten(cls, layout: _Layout, children) -> FlatParams:
+    def tree_unflatten(cls, layout: _Layout, children: Iterable[Any]) -> FlatParams:
+        """The pytree protocol: a FlatParams of ``layout`` holding ``children`` as its buffers."""
         # Children may be anything a tree map produces (None, masks, tracers,
         # ShapeDtypeStruct): no checks here.
         obj = object.__new__(cls)
@@ -362,7 +379,7 @@ class FlatParams:
         return self._layout.dtypes
 
     @property
-    def treedef(self):
+    def treedef(self) -> PyTreeDef:
         """The ``PyTreeDef`` of the per-leaf tree."""
         return self._layout.treedef
 
@@ -389,6 +406,22 @@ class FlatParams:
             if d == wanted:
                 return buffer
         raise KeyError(f"no {wanted} buffer; this FlatParams has {[d.name for d in self.dtypes]}")
+
+    def __iter__(self) -> Iterator[str]:
+        """The buffers' dtype names, in :attr:`dtypes` order (the keys of ``flat[...]``)."""
+        return iter(d.name for d in self._layout.dtypes)
+
+    def __len__(self) -> int:
+        """The number of buffers (distinct dtypes)."""
+        return len(self._buffers)
+
+    def __eq__(self, other: object) -> bool:
+        """Identity: a Mapping would compare items, elementwise for arrays."""
+        return self is other
+
+    def __hash__(self) -> int:
+        """By identity, as :meth:`__eq__`."""
+        return id(self)
 
     def __repr__(self) -> str:
         return f"FlatParams({self._layout!r})"

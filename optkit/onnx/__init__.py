@@ -39,6 +39,14 @@ Example:
   Outputs(dy_dx=array([2., 6.], dtype=float32))
 """
 
+try:
+    import onnx as _onnx  # noqa: F401
+except ImportError as _err:
+    raise ImportError(
+        'optkit.onnx needs the onnx package, which optkit installs only with its "onnx" extra: '
+        'pip install "optkit[onnx]"'
+    ) from _err
+
 from optkit.onnx._backend import Backend, BackendRep, prepare, run_model, run_node
 from optkit.onnx._loader import (
     GRADIENT_DEPTH_CEILING,

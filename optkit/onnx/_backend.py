@@ -8,6 +8,7 @@ step after step from Python.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,13 +21,14 @@ import onnx.defs
 import onnx.shape_inference
 from onnx import helper
 
+from optkit._src.graph import Graph
 from optkit.onnx._loader import Converted, InputInfo, Limits, ModelSource, convert, load_model
 from optkit.onnx._table import TRAINING_DOMAIN, normalize_domain
 
 __all__ = ["Backend", "BackendRep", "prepare", "run_model", "run_node"]
 
 
-def _device(device: str) -> jax.Device:
+def _device(device: str) -> Any:
     """The JAX device for an ONNX device string (``"CPU"``, ``"CUDA"``, ``"CUDA:1"``)."""
     if not isinstance(device, str):
         raise TypeError(f"device must be a string such as 'CPU' or 'CUDA:0', got {device!r}")
@@ -106,17 +108,17 @@ class BackendRep(onnx.backend.base.BackendRep):
         device: str = "CPU",
         *,
         jit: bool = True,
-        base_dir: str | None = None,
+        base_dir: str | os.PathLike[str] | None = None,
         max_tensor_bytes: int | None = None,
         max_gradient_depth: int | None = None,
     ) -> None:
-        self.device = _device(device)
-        self.limits = Limits.make(max_tensor_bytes, max_gradient_depth, self.device)
-        self.model = load_model(model, base_dir=base_dir)
+        self.device: Any = _device(device)  # a jax.Device
+        self.limits: Limits = Limits.make(max_tensor_bytes, max_gradient_depth, self.device)
+        self.model: onnx.ModelProto = load_model(model, base_dir=base_dir)
         self._default_device = self.device == jax.devices()[0]
         self._jit = bool(jit)
         converted: Converted = convert(self.model, self.limits)
-        self.graph = converted.graph
+        self.graph: Graph = converted.graph
         self.inputs: tuple[InputInfo, ...] = converted.inputs
         self.outputs: tuple[str, ...] = converted.outputs
         self._static = converted.static_inputs
@@ -376,7 +378,7 @@ def prepare(
     device: str = "CPU",
     *,
     jit: bool = True,
-    base_dir: str | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
     max_tensor_bytes: int | None = None,
     max_gradient_depth: int | None = None,
 ) -> BackendRep:

@@ -61,7 +61,7 @@ __all__ = [
     "GRADIENT_DEPTH_CEILING",
 ]
 
-ModelSource = onnx.ModelProto | bytes | bytearray | memoryview | str | os.PathLike | IO[bytes]
+ModelSource = onnx.ModelProto | bytes | bytearray | memoryview | str | os.PathLike[str] | IO[bytes]
 
 # Gradient nodes nested deeper than this are refused at load time: each level of
 # nesting differentiates the level below it again, about tripling the work (8
@@ -71,7 +71,7 @@ MAX_GRADIENT_DEPTH = 8
 GRADIENT_DEPTH_CEILING = 16
 
 
-def _available_bytes(device: jax.Device | None) -> int | None:
+def _available_bytes(device: Any) -> int | None:
     """Bytes of memory free on ``device`` now (an accelerator's free memory, else the host's)."""
     if device is not None and device.platform != "cpu":
         try:
@@ -105,7 +105,7 @@ def _available_bytes(device: jax.Device | None) -> int | None:
     return max(min(candidates), 0)
 
 
-def default_max_tensor_bytes(device: jax.Device | None = None) -> int:
+def default_max_tensor_bytes(device: Any = None) -> int:
     """The default limit on one tensor's bytes: half the memory available on ``device`` now.
 
     Half the free memory of an accelerator (``device.memory_stats()``), or of
@@ -151,7 +151,7 @@ class Limits:
 
     @classmethod
     def make(cls, max_tensor_bytes: int | None = None, max_gradient_depth: int | None = None,
-             device: jax.Device | None = None) -> Limits:
+             device: Any = None) -> Limits:
         """The limits with defaults filled in, each checked (a positive int; the depth at most the ceiling)."""
         if max_tensor_bytes is None:
             max_tensor_bytes = default_max_tensor_bytes(device)
@@ -194,7 +194,7 @@ def _check_declared_shape(value_info: onnx.ValueInfoProto, what: str, limit: int
     _check_size(tuple(fixed), dtype, f"{what} {value_info.name!r}", limit)
 
 
-def load_model(model: ModelSource, *, base_dir: str | os.PathLike | None = None) -> onnx.ModelProto:
+def load_model(model: ModelSource, *, base_dir: str | os.PathLike[str] | None = None) -> onnx.ModelProto:
     """Read an ONNX model, load its external data safely, and check it with ``onnx.checker``.
 
     External data (tensors whose bytes live in other files) is read only
@@ -366,6 +366,7 @@ class InputInfo:
     has_default: bool
 
     def shape_text(self) -> str:
+        """The declared shape as text, ``(N, 3)``; ``?`` for an unknown dimension."""
         if self.shape is None:
             return "(any shape)"
         return "(" + ", ".join("?" if d is None else str(d) for d in self.shape) + ")"
@@ -657,7 +658,7 @@ def _static_inputs(
 def to_graph(
     model: ModelSource,
     *,
-    base_dir: str | os.PathLike | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
     max_tensor_bytes: int | None = None,
     max_gradient_depth: int | None = None,
 ) -> Graph:

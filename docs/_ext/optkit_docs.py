@@ -1,0 +1,91 @@
+"""Pages generated from the package when the documentation is built.
+
+- ``_generated/api.md``: the API reference, one autodoc entry per name in the
+  public ``__all__`` of ``optkit``, ``optkit.ops`` and ``optkit.onnx`` (so moving
+  a private module never breaks it);
+- ``_generated/supported_ops.md``: the ONNX operator table, from
+  ``optkit.onnx.supported_ops()``;
+- ``_generated/spec_<n>.md``: each section of ``optkit/SPEC.md`` (the file that
+  ships in the package), without its heading, for the optimizer pages.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+from collections import defaultdict
+
+import optkit
+import optkit.onnx
+import optkit.ops
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GENERATED = os.path.join(HERE, "_generated")
+SPEC = os.path.join(os.path.dirname(HERE), "optkit", "SPEC.md")
+
+# Classes whose public methods and properties belong in the reference.
+WITH_MEMBERS = {"FlatParams", "Graph", "BackendRep", "Backend", "InputInfo"}
+
+
+def _entry(module_name: str, name: str) -> str:
+    obj = getattr(__import__(module_name, fromlist=[name]), name)
+    qualified = f"{module_name}.{name}"
+    if inspect.isclass(obj):
+        members = "\n:members:" if name in WITH_MEMBERS else ""
+        return f"```{{autoclass}} {qualified}{members}\n```\n"
+    if callable(obj):
+        return f"```{{autofunction}} {qualified}\n```\n"
+    return f"```{{autodata}} {qualified}\n:annotation:\n```\n"
+
+
+def _api() -> str:
+    parts = ["# API reference\n", "Every public name, from the packages' `__all__`; the pages on each optimizer "
+             "show the same entries beside their specification.\n"]
+    for module in (optkit, optkit.ops, optkit.onnx):
+        names = [n for n in module.__all__ if not n.startswith("__") and not inspect.ismodule(getattr(module, n))]
+        parts.append(f"## `{module.__name__}`\n")
+        doc = (module.__doc__ or "").strip().split("\n\n")[0]
+        parts.append(doc.replace(":func:", "").replace(":class:", "").replace(":mod:", "") + "\n")
+        parts += [_entry(module.__name__, n) for n in names]
+    return "\n".join(parts)
+
+
+def _supported_ops() -> str:
+    versions: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for domain, op_type, since in optkit.onnx.supported_ops():
+        versions[(domain or "ai.onnx", op_type)].append(since)
+    lines = ["| domain | operator | versions (since_version) |", "|---|---|---|"]
+    for (domain, op_type), since in sorted(versions.items(), key=lambda kv: (kv[0][0] != "ai.onnx.preview.training",
+                                                                           kv[0])):
+        lines.append(f"| `{domain}` | {op_type} | {', '.join(map(str, sorted(since)))} |")
+    count = len(versions)
+    return f"{count} operators, {sum(map(len, versions.values()))} operator versions.\n\n" + "\n".join(lines) + "\n"
+
+
+def _spec_sections() -> dict[str, str]:
+    text = open(SPEC, encoding="utf-8").read()
+    sections = {}
+    for match in re.finditer(r"^## (\d+)\. .*?$\n(.*?)(?=^## |\Z)", text, re.S | re.M):
+        sections[match.group(1)] = match.group(2).strip() + "\n"
+    conformance = re.search(r"^## Conformance data\n(.*)", text, re.S | re.M)
+    if conformance:
+        sections["conformance"] = conformance.group(1).strip() + "\n"
+    return sections
+
+
+def generate(app=None) -> None:
+    os.makedirs(GENERATED, exist_ok=True)
+    files = {"api.md": _api(), "supported_ops.md": _supported_ops()}
+    files.update({f"spec_{key}.md": body for key, body in _spec_sections().items()})
+    for name, body in files.items():
+        path = os.path.join(GENERATED, name)
+        old = open(path, encoding="utf-8").read() if os.path.exists(path) else None
+        if old != body:  # unchanged files keep their time stamps: no needless rebuilds
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(body)
+
+
+def setup(app):
+    app.connect("builder-inited", generate)
+    return {"version": optkit.__version__, "parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,131 @@
+"""Documentation that runs as written: README's code, docstring examples, the examples' options, packaging.
+
+- every ```python block of README.md runs as written, each in a fresh interpreter from the
+  repository root (a block that needs several devices sets them itself);
+- every docstring example in the package is a doctest that passes;
+- SPEC.md ships inside the wheel (the docstrings cite it), and ``import optkit.onnx`` without the
+  ``onnx`` package names the extra to install;
+- every example takes ``--help``, and the examples that train share one option vocabulary
+  (``--steps``, ``--batch-size``, ``--seed``, ``--out``);
+- CHANGELOG.md has a released section and link references, and cites no internal issue numbers.
+
+The documentation site itself is built by ``.ci/run`` (``sphinx-build -W``), which also runs the
+notebook.
+"""
+
+from __future__ import annotations
+
+import doctest
+import glob
+import importlib
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+import optkit
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+BLOCKS = re.findall(r"^```python\n(.*?)^```", README, re.S | re.M)
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS", "XLA_FLAGS"))}
+
+
+def test_the_readme_keeps_its_python_examples():
+    assert len(BLOCKS) >= 9
+
+
+@pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[f"block{i}" for i in range(len(BLOCKS))])
+def test_readme_python_block_runs_as_written(index, tmp_path):
+    script = tmp_path / f"readme_block_{index}.py"
+    script.write_text(BLOCKS[index])
+    result = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                            timeout=600)
+    output = result.stdout[-2000:] + result.stderr[-4000:]
+    assert result.returncode == 0, f"README block {index}:\n{BLOCKS[index]}\n{output}"
+
+
+MODULES = ["optkit"] + sorted(m.name for m in pkgutil.walk_packages(optkit.__path__, "optkit."))
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples_are_doctests_that_pass(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, report=False)
+    assert result.failed == 0, f"{name}: {result.failed} of {result.attempted} docstring examples fail"
+
+
+def test_every_public_function_has_a_docstring_example():
+    import optkit.onnx
+    import optkit.ops
+
+    missing = []
+    for module in (optkit, optkit.ops, optkit.onnx):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if callable(obj) and not isinstance(obj, type(sys)) and ">>>" not in (obj.__doc__ or ""):
+                if not isinstance(obj, type) or not hasattr(obj, "_fields"):  # NamedTuple states: attributes only
+                    missing.append(f"{module.__name__}.{name}")
+    exempt = {"optkit.onnx.UnsupportedOpError", "optkit.onnx.TensorTooLargeError", "optkit.onnx.InputInfo",
+              "optkit.onnx.Backend", "optkit.ops.OnnxAdagradOutputs", "optkit.ops.OnnxAdamOutputs",
+              "optkit.ops.DmlAdamOutputs", "optkit.ops.OnnxMomentumOutputs", "optkit.GraphNode",
+              "optkit.GradientNode"}
+    assert not [m for m in missing if m not in exempt], missing
+
+
+def test_spec_ships_with_the_package(tmp_path):
+    spec = importlib.resources.files("optkit") / "SPEC.md"
+    text = spec.read_text(encoding="utf-8")
+    for section in range(1, 7):
+        assert re.search(rf"^## {section}\. ", text, re.M), section
+    assert "seeds/" not in text
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), ROOT], check=True, capture_output=True, timeout=300)
+    (wheel,) = glob.glob(str(tmp_path / "optkit-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "optkit/SPEC.md" in names and "optkit/py.typed" in names
+
+
+def test_import_optkit_onnx_without_onnx_names_the_extra():
+    code = (
+        "import sys\n"
+        "sys.modules['onnx'] = None  # as if the onnx package were not installed\n"
+        "import optkit  # optkit itself does not need onnx\n"
+        "try:\n"
+        "    import optkit.onnx\n"
+        "except ImportError as err:\n"
+        "    assert 'pip install \"optkit[onnx]\"' in str(err), err\n"
+        "else:\n"
+        "    raise AssertionError('no ImportError')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), check=True, timeout=120)
+
+
+EXAMPLES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "examples", "*.py"))
+                  if not os.path.basename(p).startswith("_"))
+TRAINING = {"quickstart.py", "lm_adafactor.py", "onnx_training.py", "sharded_training.py", "multihost.py"}
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_every_example_takes_help_and_the_shared_options(example):
+    result = subprocess.run([sys.executable, os.path.join("examples", example), "--help"], cwd=ROOT, env=_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.startswith("usage:"), result.stdout + result.stderr
+    if example in TRAINING:
+        for option in ("--steps", "--batch-size", "--seed", "--out"):
+            assert option in result.stdout, f"{example} has no {option}"
+        assert "--batch " not in result.stdout
+
+
+def test_changelog_has_a_release_and_no_internal_issue_numbers():
+    text = open(os.path.join(ROOT, "CHANGELOG.md"), encoding="utf-8").read()
+    assert re.search(r"^## \[0\.1\.0\] - \d{4}-\d{2}-\d{2}$", text, re.M)
+    assert re.search(r"^\[0\.1\.0\]: https://", text, re.M) and re.search(r"^\[Unreleased\]: https://", text, re.M)
+    assert not re.search(r"\b[Ii]ssues? #?\d+", text), re.search(r"\b[Ii]ssues? #?\d+", text)
