@@ -18,7 +18,7 @@ import onnx.shape_inference  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
-from optkit.onnx import _table  # noqa: E402
+from optkit.onnx import _ops, _table  # noqa: E402
 
 JIT = [pytest.param(True, id="jit"), pytest.param(False, id="nojit")]
 
@@ -78,24 +78,24 @@ def test_required_operators_are_in_the_table():
     ("Add", 7, 7), ("Add", 13, 13), ("Add", 25, 14), ("Unsqueeze", 12, 11), ("Unsqueeze", 13, 13),
 ])
 def test_lookup_picks_newest_version_not_above_opset(op, opset, version):
-    assert _table.lookup("", op, opset).since_version == version
-    assert _table.lookup("ai.onnx", op, opset).since_version == version
+    assert _ops.TABLE.lookup("", op, opset).since_version == version
+    assert _ops.TABLE.lookup("ai.onnx", op, opset).since_version == version
 
 
 def test_lookup_refuses_a_newer_onnx_version_it_does_not_implement(monkeypatch):
-    monkeypatch.setitem(_table._VERSIONS, ("", "Relu"), [6, 13])  # as if Relu-14 were not implemented
-    assert _table.lookup("", "Relu", 13).since_version == 13
+    monkeypatch.setitem(_ops.TABLE._versions, ("", "Relu"), [6, 13])  # as if Relu-14 were not implemented
+    assert _ops.TABLE.lookup("", "Relu", 13).since_version == 13
     with pytest.raises(optkit.onnx.UnsupportedOpError, match=r"Relu \(domain 'ai.onnx', opset 14\) means Relu-14"):
-        _table.lookup("", "Relu", 14)
+        _ops.TABLE.lookup("", "Relu", 14)
 
 
 def test_lookup_errors_name_type_domain_and_opset():
     with pytest.raises(optkit.onnx.UnsupportedOpError, match=r"Erf \(domain 'ai.onnx', opset 13\)"):
-        _table.lookup("", "Erf", 13)
+        _ops.TABLE.lookup("", "Erf", 13)
     with pytest.raises(optkit.onnx.UnsupportedOpError, match=r"Adam \(domain 'ai.onnx', opset 13\)"):
-        _table.lookup("", "Adam", 13)
+        _ops.TABLE.lookup("", "Adam", 13)
     with pytest.raises(optkit.onnx.UnsupportedOpError, match=r"Softmax \(domain 'ai.onnx', opset 0\)"):
-        _table.lookup("", "Softmax", 0)
+        _ops.TABLE.lookup("", "Softmax", 0)
 
 
 def test_parse_attributes_fills_schema_defaults_and_decodes():

@@ -42,7 +42,7 @@ import optax
 from jax import lax
 
 from optkit._src import checks, flat, sharding
-from optkit._src.ops import compute_dtype, is_concrete_positive, params_needed_for
+from optkit._src.numerics import compute_dtype
 
 __all__ = [
     "FactoredSecondMoment",
@@ -612,7 +612,7 @@ def scale_by_factored_rms(
     checks.check_scalar("eps1", eps1, low=0.0)
     _check_factoring_args(factored, factored_dims, min_dim_size_to_factor)
     nu_dtype = checks.check_dtype("nu_dtype", nu_dtype)
-    guard = not is_concrete_positive(eps1)
+    guard = not checks.is_concrete_positive(eps1)
 
     def init_fn(params):
         flat.refuse_flat(params, "scale_by_factored_rms")
@@ -722,9 +722,9 @@ def scale_by_adafactor(
     checks.check_scalar("weight_decay_rate", weight_decay_rate, low=0.0, allow_none=True)
     mu_dtype = checks.check_dtype("mu_dtype", mu_dtype)
     nu_dtype = checks.check_dtype("nu_dtype", nu_dtype)
-    guard = not is_concrete_positive(eps1)
+    guard = not checks.is_concrete_positive(eps1)
     decay_reason = (
-        None if weight_decay_rate is None else params_needed_for("weight_decay_rate", weight_decay_rate)
+        None if weight_decay_rate is None else checks.params_needed_for("weight_decay_rate", weight_decay_rate)
     )
     if multiply_by_parameter_scale:
         params_reason = "multiply_by_parameter_scale=True (the step size max(eps2, RMS(X)) * rho_t)"

@@ -1,4 +1,19 @@
-"""Adagrad exactly as ONNX ``ai.onnx.preview.training::Adagrad`` defines it (SPEC.md section 1)."""
+"""Adagrad exactly as ONNX ``ai.onnx.preview.training::Adagrad`` defines it (SPEC.md section 1).
+
+SPEC 1, for one tensor, with ``T`` the number of updates already made::
+
+    r     = R / (1 + T * decay_factor)
+    G_reg = norm_coefficient * X + G
+    H_new = H + G_reg * G_reg
+    X_new = X - r * G_reg / (sqrt(H_new) + epsilon)
+
+:func:`_adagrad_leaf` is that formula, once; :func:`_decay` is the step's
+scalar ``1 / (1 + T * decay_factor)``. The spec operator :func:`onnx_adagrad`
+(ONNX's inputs and outputs) and the Optax transformation
+:func:`scale_by_onnx_adagrad` are thin adapters over them: the operator scales
+by ``r = R * decay`` and subtracts, the transformation scales by the decay alone
+and leaves ``R`` to ``optax.scale_by_learning_rate`` (:func:`adagrad`).
+"""
 
 from __future__ import annotations
 
@@ -9,17 +24,114 @@ import jax.numpy as jnp
 import optax
 
 from optkit._src import checks, sharding
-from optkit._src.ops import (
-    adagrad_decay,
-    adagrad_leaf,
-    compute_dtype,
-    is_concrete_zero,
-    map_leaves,
-    params_needed_for,
-    per_dtype,
-)
+from optkit._src.numerics import compute_dtype, guarded_ratio, map_leaves, per_dtype
 
-__all__ = ["ScaleByOnnxAdagradState", "scale_by_onnx_adagrad", "adagrad"]
+__all__ = ["ScaleByOnnxAdagradState", "OnnxAdagradOutputs", "onnx_adagrad", "scale_by_onnx_adagrad", "adagrad"]
+
+
+# ---------------------------------------------------------------------------
+# The formula
+
+
+def _decay(T: Any, decay_factor: Any, dtype: Any) -> jax.Array:
+    """``1 / (1 + T * decay_factor)`` in ``dtype``: the factor of ``r`` besides ``R`` (SPEC 1)."""
+    return 1 / (1 + jnp.asarray(T).astype(dtype) * decay_factor)
+
+
+def _adagrad_leaf(g, h, x, *, rate, eps, norm_coefficient, dtype):
+    """SPEC 1 for one tensor: ``(rate * G_reg / (sqrt(H_new) + eps), H_new)`` in ``dtype``.
+
+    ``x`` is the parameter, or None when ``norm_coefficient`` is known to be 0
+    (no ``G_reg`` term); ``rate`` is the step's scalar, or None for 1. Where
+    ``G_reg`` and ``H_new`` are both 0 the step is 0 (SPEC 1, Decision (0/0)).
+    """
+    g = g.astype(dtype)
+    g_reg = g if x is None else norm_coefficient * x.astype(dtype) + g
+    h_new = h.astype(dtype) + g_reg * g_reg
+    step = guarded_ratio(g_reg, jnp.sqrt(h_new), eps)
+    return (step if rate is None else rate * step), h_new
+
+
+# ---------------------------------------------------------------------------
+# The spec operator
+
+
+class OnnxAdagradOutputs(NamedTuple):
+    """Outputs of :func:`onnx_adagrad`: all ``X_new``, then all ``H_new``."""
+
+    X_new: Any
+    H_new: Any
+
+
+def onnx_adagrad(
+    R: Any,
+    T: Any,
+    X: Any,
+    G: Any,
+    H: Any,
+    *,
+    decay_factor: float = 0.0,
+    epsilon: float = 1e-6,
+    norm_coefficient: float = 0.0,
+) -> OnnxAdagradOutputs:
+    """ONNX ``ai.onnx.preview.training::Adagrad`` (version 1), several tensors at once.
+
+    Computes, for every tensor (SPEC.md section 1)::
+
+        r     = R / (1 + T * decay_factor)
+        G_reg = norm_coefficient * X + G
+        H_new = H + G_reg * G_reg
+        X_new = X - r * G_reg / (sqrt(H_new) + epsilon)
+
+    With ``epsilon = 0``, a coordinate whose ``G_reg`` and ``H_new`` are both 0
+    keeps its value (SPEC 1, Decision (0/0)).
+
+    Args:
+      R: the learning rate, a float scalar (shape ``()``), >= 0.
+      T: the number of updates already made, an integer scalar (0 at the first update).
+      X: the tensors to optimize: one array or any pytree of arrays (a list is
+        ONNX's ``X_1, X_2, ...``), float32 or float64 (float16/bfloat16 also work).
+      G: their gradients, the same pytree and shapes as ``X``.
+      H: their accumulated squared gradients, the same pytree and shapes.
+      decay_factor: ONNX attribute ``decay_factor`` (default 0.0), >= 0.
+      epsilon: ONNX attribute ``epsilon``; default 1e-6, the registered
+        schema's default (SPEC 1, Decision (epsilon default)), >= 0.
+      norm_coefficient: ONNX attribute ``norm_coefficient`` (default 0.0), >= 0.
+
+    Returns:
+      ``OnnxAdagradOutputs(X_new, H_new)``, each with ``X``'s structure; every
+      leaf keeps its input's dtype.
+
+    Raises:
+      ValueError: trees or shapes differ (the message names the path), ``R`` or
+        ``T`` not scalars, a negative ``R``/``T``/attribute.
+      TypeError: a non-floating tensor, a non-integer ``T``.
+
+    Example:
+      >>> import jax.numpy as jnp, optkit
+      >>> X_new, H_new = optkit.ops.onnx_adagrad(
+      ...     jnp.float32(0.1), 0, [jnp.ones(2)], [jnp.ones(2)], [jnp.zeros(2)])
+    """
+    checks.check_scalar("decay_factor", decay_factor, low=0.0)
+    checks.check_scalar("epsilon", epsilon, low=0.0)
+    checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0)
+    R = checks.check_rate_scalar("R", R)
+    T = checks.check_step_count("T", T)
+    checks.check_tensors("X", X, G=G, H=H)
+    use_x = not checks.is_concrete_zero(norm_coefficient)
+    rate = per_dtype(lambda dtype: R.astype(dtype) * _decay(T, decay_factor, dtype))
+
+    def leaf(x, g, h):
+        dtype = compute_dtype(x.dtype, g.dtype, h.dtype)
+        step, h_new = _adagrad_leaf(g, h, x if use_x else None, rate=rate(dtype), eps=epsilon,
+                                    norm_coefficient=norm_coefficient, dtype=dtype)
+        return (x.astype(dtype) - step).astype(x.dtype), h_new.astype(h.dtype)
+
+    return OnnxAdagradOutputs(*map_leaves(leaf, 2, X, G, H))
+
+
+# ---------------------------------------------------------------------------
+# The Optax transformation
 
 
 class ScaleByOnnxAdagradState(NamedTuple):
@@ -100,9 +212,9 @@ def scale_by_onnx_adagrad(
     checks.check_scalar("eps", eps, low=0.0)
     checks.check_scalar("initial_accumulator_value", initial_accumulator_value, low=0.0)
     accumulator_dtype = checks.check_dtype("accumulator_dtype", accumulator_dtype)
-    params_reason = params_needed_for("norm_coefficient", norm_coefficient)
+    params_reason = checks.params_needed_for("norm_coefficient", norm_coefficient)
     use_params = params_reason is not None
-    use_decay = not is_concrete_zero(decay_factor)
+    use_decay = not checks.is_concrete_zero(decay_factor)
 
     def init_fn(params):
         checks.check_floating(params, "params")
@@ -118,17 +230,13 @@ def scale_by_onnx_adagrad(
             "scale_by_onnx_adagrad", updates, {"state.sum_of_squares": state.sum_of_squares},
             params, params_reason,
         )
-
-        decay = per_dtype(lambda dtype: adagrad_decay(state.count, decay_factor, dtype))
+        decay = per_dtype(lambda dtype: _decay(state.count, decay_factor, dtype))
 
         def leaf(g, h, x):
             dtype = compute_dtype(g.dtype, h.dtype, None if x is None else x.dtype)
-            direction, h_new = adagrad_leaf(
-                g, h, x, eps=eps, norm_coefficient=norm_coefficient, dtype=dtype
-            )
-            if use_decay:
-                direction = direction * decay(dtype)
-            return direction.astype(g.dtype), h_new.astype(h.dtype)
+            step, h_new = _adagrad_leaf(g, h, x, rate=decay(dtype) if use_decay else None, eps=eps,
+                                        norm_coefficient=norm_coefficient, dtype=dtype)
+            return step.astype(g.dtype), h_new.astype(h.dtype)
 
         new_updates, sum_of_squares = map_leaves(
             leaf, 2, updates, state.sum_of_squares, params if use_params else None

@@ -1,5 +1,23 @@
 """Adam exactly as DirectML's ``DML_ADAM_OPTIMIZER_OPERATOR_DESC`` defines it, with ONNX Adam's
-extra coefficients (SPEC.md sections 2 and 3)."""
+extra coefficients (SPEC.md sections 2 and 3).
+
+For one tensor, with ``T`` the update being made (DirectML) or the number of
+updates already made (ONNX, where ``T = 0`` skips the bias correction)::
+
+    G_reg = norm_coefficient * X + G                     # ONNX Adam; G for DirectML
+    M     = b1 * M + (1 - b1) * G_reg
+    V     = b2 * V + (1 - b2) * G_reg * G_reg
+    Alpha = sqrt(1 - b2^T) / (1 - b1^T)                  # 1 where T = 0
+    X     = X - LearningRate * Alpha * M / (sqrt(V) + eps)
+    X     = (1 - norm_coefficient_post) * X              # ONNX Adam
+
+:func:`_adam_leaf` is the moments and the step, once; :func:`_bias_correction`
+is the step's scalar ``Alpha`` and :func:`_post_shrink` ONNX's shrinkage. The
+spec operators :func:`dml_adam` and :func:`onnx_adam` and the Optax
+transformation :func:`scale_by_dml_adam` (with :func:`adam`) are thin adapters
+over them: each passes its step scalar (``LearningRate * Alpha``, ``R * Alpha``,
+or ``Alpha`` alone, the learning rate being ``optax.scale_by_learning_rate``'s).
+"""
 
 from __future__ import annotations
 
@@ -10,16 +28,219 @@ import jax.numpy as jnp
 import optax
 
 from optkit._src import checks, sharding
-from optkit._src.ops import (
-    adam_bias_correction,
-    adam_leaf,
-    compute_dtype,
-    map_leaves,
-    params_needed_for,
-    per_dtype,
-)
+from optkit._src.numerics import compute_dtype, guarded_ratio, map_leaves, one_minus_power, per_dtype
 
-__all__ = ["ScaleByDmlAdamState", "scale_by_dml_adam", "adam"]
+__all__ = [
+    "ScaleByDmlAdamState",
+    "DmlAdamOutputs",
+    "OnnxAdamOutputs",
+    "dml_adam",
+    "onnx_adam",
+    "scale_by_dml_adam",
+    "adam",
+]
+
+
+# ---------------------------------------------------------------------------
+# The formula
+
+
+def _bias_correction(T: Any, b1: Any, b2: Any, dtype: Any) -> jax.Array:
+    """DirectML's ``Alpha = sqrt(1 - b2^T) / (1 - b1^T)`` in ``dtype``; 1 where T = 0.
+
+    SPEC 2, Decision (T): T = 0 would divide 0 by 0; the ONNX Adam rule (SPEC 3)
+    uses the learning rate unscaled there.
+    """
+    t = jnp.asarray(T).astype(dtype)
+    t_pos = jnp.maximum(t, jnp.ones_like(t))  # T = 0 is replaced below; keeps 0 * log(0) out
+    alpha = jnp.sqrt(one_minus_power(b2, t_pos, dtype)) / one_minus_power(b1, t_pos, dtype)
+    return jnp.where(t > 0, alpha, jnp.ones_like(alpha))
+
+
+def _adam_leaf(g, m, v, x, *, rate, b1, b2, eps, norm_coefficient, dtype):
+    """SPEC 2/3 for one tensor: ``(rate * M_new / (sqrt(V_new) + eps), M_new, V_new)`` in ``dtype``.
+
+    ``M`` is the first moment (DirectML's M, ONNX Adam's V), ``V`` the second
+    (DirectML's V, ONNX Adam's H); ``x`` is the parameter, or None when
+    ``norm_coefficient`` is known to be 0. Where ``M_new`` and ``V_new`` are
+    both 0 the step is 0 (SPEC 1, Decision (0/0)).
+    """
+    g = g.astype(dtype)
+    g_reg = g if x is None else norm_coefficient * x.astype(dtype) + g
+    m_new = b1 * m.astype(dtype) + (1 - b1) * g_reg
+    v_new = b2 * v.astype(dtype) + (1 - b2) * g_reg * g_reg
+    return rate * guarded_ratio(m_new, jnp.sqrt(v_new), eps), m_new, v_new
+
+
+def _post_shrink(x, update, c, dtype):
+    """ONNX Adam's ``X_new = (1 - c) * (X + update)``, as the update ``(1 - c) * update - c * X``."""
+    c = jnp.asarray(c, dtype)
+    return (1 - c) * update - c * x.astype(dtype)
+
+
+# ---------------------------------------------------------------------------
+# The spec operators
+
+
+class DmlAdamOutputs(NamedTuple):
+    """Outputs of :func:`dml_adam`: DirectML's Output{Parameters,FirstMoment,SecondMoment}Tensor."""
+
+    X: Any
+    M: Any
+    V: Any
+
+
+class OnnxAdamOutputs(NamedTuple):
+    """Outputs of :func:`onnx_adam`: ``X_new``, ``V_new`` (first moments), ``H_new`` (second)."""
+
+    X_new: Any
+    V_new: Any
+    H_new: Any
+
+
+def dml_adam(
+    X: Any,
+    M: Any,
+    V: Any,
+    G: Any,
+    T: Any,
+    *,
+    learning_rate: float,
+    beta1: float,
+    beta2: float,
+    epsilon: float,
+) -> DmlAdamOutputs:
+    """DirectML ``DML_ADAM_OPTIMIZER_OPERATOR_DESC`` (feature level 3_0), over pytrees.
+
+    Computes (SPEC.md section 2; the "epsilon-hat" Adam of Kingma & Ba, end of
+    their section 2)::
+
+        M     = Beta1 * M + (1 - Beta1) * G
+        V     = Beta2 * V + (1 - Beta2) * G * G
+        Alpha = sqrt(1 - Beta2^T) / (1 - Beta1^T)
+        X     = X - LearningRate * Alpha * M / (sqrt(V) + Epsilon)
+
+    The operator does not advance ``T``; the caller does. At ``T = 0`` the
+    formula's Alpha is 0/0; optkit uses Alpha = 1 there (SPEC 2, Decision (T)).
+    DirectML allows outputs to alias inputs; in JAX, donate ``X``, ``M``, ``V``
+    with ``jax.jit(..., donate_argnums=...)`` for the same in-place update.
+
+    Args:
+      X: InputParametersTensor, an array or pytree of arrays (float32 or
+        float16; float64 and bfloat16 also work).
+      M: InputFirstMomentTensor, same pytree/shapes (zeros at the first step).
+      V: InputSecondMomentTensor, same pytree/shapes (zeros at the first step).
+      G: GradientTensor, same pytree/shapes.
+      T: TrainingStepTensor, an integer scalar (DirectML: UINT32), >= 0.
+      learning_rate: LearningRate, >= 0.
+      beta1: Beta1, in [0, 1). beta2: Beta2, in [0, 1).
+      epsilon: Epsilon, >= 0 (1e-8 or FLT_EPSILON typical for float32).
+
+    Returns:
+      ``DmlAdamOutputs(X, M, V)``: the updated parameters and moments, each leaf
+      in its input's dtype (16-bit tensors are computed in float32).
+
+    Raises:
+      ValueError, TypeError: as :func:`onnx_adagrad`.
+
+    Example:
+      >>> import jax.numpy as jnp, optkit
+      >>> X, M, V = optkit.ops.dml_adam(jnp.ones(3), jnp.zeros(3), jnp.zeros(3),
+      ...     jnp.ones(3), 1, learning_rate=1e-3, beta1=0.9, beta2=0.999, epsilon=1e-8)
+    """
+    checks.check_scalar("learning_rate", learning_rate, low=0.0)
+    checks.check_scalar("beta1", beta1, low=0.0, high=1.0, high_open=True)
+    checks.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
+    checks.check_scalar("epsilon", epsilon, low=0.0)
+    T = checks.check_step_count("T", T)
+    checks.check_tensors("X", X, M=M, V=V, G=G)
+    rate = per_dtype(lambda dtype: jnp.asarray(learning_rate, dtype) * _bias_correction(T, beta1, beta2, dtype))
+
+    def leaf(x, m, v, g):
+        dtype = compute_dtype(x.dtype, m.dtype, v.dtype, g.dtype)
+        step, m_new, v_new = _adam_leaf(g, m, v, None, rate=rate(dtype), b1=beta1, b2=beta2, eps=epsilon,
+                                        norm_coefficient=None, dtype=dtype)
+        return (x.astype(dtype) - step).astype(x.dtype), m_new.astype(m.dtype), v_new.astype(v.dtype)
+
+    return DmlAdamOutputs(*map_leaves(leaf, 3, X, M, V, G))
+
+
+def onnx_adam(
+    R: Any,
+    T: Any,
+    X: Any,
+    G: Any,
+    V: Any,
+    H: Any,
+    *,
+    alpha: float = 0.9,
+    beta: float = 0.999,
+    epsilon: float = 1e-6,
+    norm_coefficient: float = 0.0,
+    norm_coefficient_post: float = 0.0,
+) -> OnnxAdamOutputs:
+    """ONNX ``ai.onnx.preview.training::Adam`` (version 1), several tensors at once.
+
+    Computes, for every tensor (SPEC.md section 3)::
+
+        G_reg = norm_coefficient * X + G
+        V_new = alpha * V + (1 - alpha) * G_reg
+        H_new = beta * H + (1 - beta) * G_reg * G_reg
+        r_adj = R * sqrt(1 - beta^T) / (1 - alpha^T)   if T > 0   else R
+        X_new = (1 - norm_coefficient_post) * (X - r_adj * V_new / (sqrt(H_new) + epsilon))
+
+    Args:
+      R: the learning rate, a float scalar, >= 0.
+      T: the number of updates already made, an integer scalar (0 at the first
+        update, where the bias correction is skipped).
+      X: the tensors to optimize (an array or pytree of arrays).
+      G: their gradients; V: their first moments; H: their second moments
+        (each the same pytree and shapes as ``X``).
+      alpha: ONNX ``alpha``, the first-moment decay (Optax's ``b1``), in [0, 1).
+      beta: ONNX ``beta``, the second-moment decay (Optax's ``b2``), in [0, 1).
+      epsilon: ONNX ``epsilon`` (default 1e-6), >= 0.
+      norm_coefficient: L2 coefficient added to the gradient, >= 0.
+      norm_coefficient_post: shrinkage applied after the step, in [0, 1).
+
+    Returns:
+      ``OnnxAdamOutputs(X_new, V_new, H_new)``, each with ``X``'s structure and
+      each leaf in its input's dtype.
+
+    Raises:
+      ValueError, TypeError: as :func:`onnx_adagrad`, and for ``alpha``/``beta``
+      outside [0, 1) or ``norm_coefficient_post`` outside [0, 1).
+
+    Example:
+      >>> import jax.numpy as jnp, optkit
+      >>> X_new, V_new, H_new = optkit.ops.onnx_adam(
+      ...     jnp.float32(0.1), 0, [jnp.ones(2)], [jnp.ones(2)], [jnp.zeros(2)], [jnp.zeros(2)])
+    """
+    checks.check_scalar("alpha", alpha, low=0.0, high=1.0, high_open=True)
+    checks.check_scalar("beta", beta, low=0.0, high=1.0, high_open=True)
+    checks.check_scalar("epsilon", epsilon, low=0.0)
+    checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0)
+    checks.check_scalar("norm_coefficient_post", norm_coefficient_post, low=0.0, high=1.0, high_open=True)
+    R = checks.check_rate_scalar("R", R)
+    T = checks.check_step_count("T", T)
+    checks.check_tensors("X", X, G=G, V=V, H=H)
+    use_x = not checks.is_concrete_zero(norm_coefficient)
+    shrink = not checks.is_concrete_zero(norm_coefficient_post)
+    rate = per_dtype(lambda dtype: R.astype(dtype) * _bias_correction(T, alpha, beta, dtype))
+
+    def leaf(x, g, v, h):
+        dtype = compute_dtype(x.dtype, g.dtype, v.dtype, h.dtype)
+        step, v_new, h_new = _adam_leaf(g, v, h, x if use_x else None, rate=rate(dtype), b1=alpha, b2=beta,
+                                        eps=epsilon, norm_coefficient=norm_coefficient, dtype=dtype)
+        x_new = x.astype(dtype) - step
+        if shrink:
+            x_new = x.astype(dtype) + _post_shrink(x, -step, norm_coefficient_post, dtype)
+        return x_new.astype(x.dtype), v_new.astype(v.dtype), h_new.astype(h.dtype)
+
+    return OnnxAdamOutputs(*map_leaves(leaf, 3, X, G, V, H))
+
+
+# ---------------------------------------------------------------------------
+# The Optax transformation
 
 
 class ScaleByDmlAdamState(NamedTuple):
@@ -100,7 +321,7 @@ def scale_by_dml_adam(
     checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0, allow_none=True)
     mu_dtype = checks.check_dtype("mu_dtype", mu_dtype)
     nu_dtype = checks.check_dtype("nu_dtype", nu_dtype)
-    params_reason = params_needed_for("norm_coefficient", norm_coefficient)
+    params_reason = checks.params_needed_for("norm_coefficient", norm_coefficient)
     use_params = params_reason is not None
 
     def init_fn(params):
@@ -117,17 +338,13 @@ def scale_by_dml_adam(
             params, params_reason,
         )
         count = optax.safe_increment(state.count)
-        # One scalar per dtype, not per leaf: with thousands of leaves the
-        # per-leaf scalar ops dominated tracing.
-        bias_correction = per_dtype(lambda dtype: adam_bias_correction(count, b1, b2, dtype))
+        bias_correction = per_dtype(lambda dtype: _bias_correction(count, b1, b2, dtype))
 
         def leaf(g, m, v, x):
             dtype = compute_dtype(g.dtype, m.dtype, v.dtype, None if x is None else x.dtype)
-            direction, m_new, v_new = adam_leaf(
-                g, m, v, x, b1=b1, b2=b2, eps=eps, norm_coefficient=norm_coefficient, dtype=dtype
-            )
-            update = bias_correction(dtype) * direction
-            return update.astype(g.dtype), m_new.astype(m.dtype), v_new.astype(v.dtype)
+            step, m_new, v_new = _adam_leaf(g, m, v, x, rate=bias_correction(dtype), b1=b1, b2=b2, eps=eps,
+                                            norm_coefficient=norm_coefficient, dtype=dtype)
+            return step.astype(g.dtype), m_new.astype(m.dtype), v_new.astype(v.dtype)
 
         new_updates, mu, nu = map_leaves(
             leaf, 3, updates, state.mu, state.nu, params if use_params else None
@@ -147,7 +364,7 @@ def _scale_by_norm_coefficient_post(norm_coefficient_post: float | None) -> opta
     """
 
     def update_fn(updates, state, params=None):
-        reason = params_needed_for("norm_coefficient_post", norm_coefficient_post)
+        reason = checks.params_needed_for("norm_coefficient_post", norm_coefficient_post)
         if reason is None:
             return updates, state
         checks.check_params_given(params, "adam", reason)
@@ -155,8 +372,7 @@ def _scale_by_norm_coefficient_post(norm_coefficient_post: float | None) -> opta
 
         def leaf(u, x):
             dtype = compute_dtype(u.dtype, x.dtype)
-            c = jnp.asarray(norm_coefficient_post, dtype)
-            return ((1 - c) * u.astype(dtype) - c * x.astype(dtype)).astype(u.dtype)
+            return _post_shrink(x, u.astype(dtype), norm_coefficient_post, dtype).astype(u.dtype)
 
         return jax.tree.map(leaf, updates, params), state
 

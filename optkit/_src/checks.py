@@ -1,10 +1,12 @@
-"""Validation shared by every optkit transformation, op and graph.
+"""Every validation of optkit: hyperparameters, trees, dtypes, step counts, names, feeds, concreteness.
 
 Every check runs in Python at construction or trace time, so a bad input fails
 before XLA sees it, with a message that names the argument or the pytree path.
 Values that are JAX tracers (for example hyperparameters under
 ``optax.inject_hyperparams`` inside ``jax.jit``) cannot be inspected at trace
-time; range checks skip them, as the public docstrings say.
+time; range checks skip them, as the public docstrings say, and the
+concreteness tests here (:func:`is_concrete_zero`, :func:`params_needed_for`)
+decide which terms a formula may drop.
 """
 
 from __future__ import annotations
@@ -34,6 +36,18 @@ __all__ = [
     "check_step_count",
     "check_count",
     "check_decay",
+    "check_tensors",
+    "is_concrete_zero",
+    "is_concrete_positive",
+    "params_needed_for",
+    "check_factoring",
+    "concrete_min_dim_size",
+    "check_names",
+    "check_gradient_names",
+    "check_differentiable",
+    "check_target",
+    "check_feed",
+    "shape_text",
     "check_rate_scalar",
     "check_shape",
 ]
@@ -446,3 +460,211 @@ def check_decay(name: str, value: Any, *, allow_none: bool = False) -> None:
             f"hyperparam_dtype=jnp.float32 to optax.inject_hyperparams (or {name} as a float32 value)"
         )
     check_scalar(name, value, low=0.0, high=1.0, high_open=True, allow_none=allow_none)
+
+
+def check_tensors(reference_name: str, reference: Any, **others: Any) -> None:
+    """A spec op's tensor inputs: floating, at least one, and every other tree shaped like ``reference``."""
+    check_floating(reference, reference_name)
+    if not jax.tree_util.tree_leaves(reference):
+        raise ValueError(f"{reference_name} must hold at least one tensor, got {reference!r}")
+    for name, tree in others.items():
+        check_same_shapes(tree, reference, name, reference_name)
+        check_floating(tree, name)
+
+
+# ---------------------------------------------------------------------------
+# Concreteness: which terms a formula may drop
+
+
+def is_concrete_zero(value: Any) -> bool:
+    """True if ``value`` is known now (not traced) to be exactly 0.
+
+    Used to drop terms that cannot change the result (a zero ``norm_coefficient``
+    means no ``params`` are needed); a traced value keeps the term.
+    """
+    try:
+        number = concrete_float(value)
+    except TypeError:
+        return False
+    return number is not None and number == 0.0
+
+
+def is_concrete_positive(value: Any) -> bool:
+    """True if ``value`` is known now (not traced) to be > 0."""
+    try:
+        number = concrete_float(value)
+    except TypeError:
+        return False
+    return number is not None and number > 0.0
+
+
+def params_needed_for(name: str, value: Any) -> str | None:
+    """Why ``params`` are needed for the term scaled by hyperparameter ``name``, or None.
+
+    None when the term is off: ``value`` is None (the default of the
+    transformations' coefficients) or a Python or NumPy 0. A JAX array is
+    what ``optax.inject_hyperparams`` passes for every numeric hyperparameter
+    it was given; under ``jax.jit`` its value is unknown, so whatever it is
+    now (0.0 included) the term is kept and needs ``params``, eagerly and
+    jitted alike, and the reason says so. A coefficient that was never given
+    stays None and is not injected.
+    """
+    if value is None:
+        return None
+    if isinstance(value, jax.Array):
+        if not isinstance(value, jax.core.Tracer) and value.ndim == 0 and float(value) != 0.0:
+            return f"{name} != 0"
+        return (
+            f"{name} (a JAX array, as optax.inject_hyperparams passes each hyperparameter it is given, "
+            f"so possibly nonzero under jax.jit; leave {name} unset for no term, or pass it in "
+            f"static_args)"
+        )
+    if is_concrete_zero(value):
+        return None
+    return f"{name} != 0"
+
+
+# ---------------------------------------------------------------------------
+# Adafactor's factoring options
+
+
+def check_factoring(factored: Any, factored_dims: Any, min_dim_size_to_factor: Any, choices: Sequence[str]) -> None:
+    """Adafactor's ``factored`` (a bool), ``factored_dims`` (one of ``choices``) and
+    ``min_dim_size_to_factor`` (an integer >= 1, or a tracer of one)."""
+    if not isinstance(factored, (bool, np.bool_)):
+        raise TypeError(f"factored must be a bool, got {factored!r}")
+    if not isinstance(factored_dims, str) or factored_dims not in choices:
+        raise ValueError(
+            f"factored_dims must be one of {list(choices)!r} (the last two axes, or the "
+            f"two largest as Optax does), got {factored_dims!r}"
+        )
+    if isinstance(min_dim_size_to_factor, (bool, np.bool_)) or (
+        hasattr(min_dim_size_to_factor, "dtype")
+        and not jnp.issubdtype(min_dim_size_to_factor.dtype, jnp.integer)
+    ) or isinstance(min_dim_size_to_factor, float):
+        raise TypeError(f"min_dim_size_to_factor must be an integer, got {min_dim_size_to_factor!r}")
+    check_scalar("min_dim_size_to_factor", min_dim_size_to_factor, low=1)
+
+
+def concrete_min_dim_size(min_dim_size_to_factor: Any) -> int:
+    """``min_dim_size_to_factor`` as an int at init, where it decides the state's structure."""
+    value = concrete_float(min_dim_size_to_factor)
+    if value is None:
+        raise ValueError(
+            "min_dim_size_to_factor is a traced value here (optax.inject_hyperparams with init "
+            "under jax.jit or jax.eval_shape?), but it decides which leaves are factored, that is "
+            "the state's structure; pass it as static: "
+            "optax.inject_hyperparams(optkit.adafactor, static_args=('min_dim_size_to_factor',))"
+        )
+    return int(value)
+
+
+# ---------------------------------------------------------------------------
+# Tensor names (the Gradient operator and graphs)
+
+
+def check_names(
+    arg: str, names: Any, *, allow_empty_list: bool = True, allow_absent: bool = False
+) -> tuple[str, ...]:
+    """``names`` as a tuple of non-empty, distinct tensor names; errors name ``arg``.
+
+    A bare string is refused rather than read as a list of characters or as a
+    one-name list: ``xs="W"`` is almost always a slip for ``xs=["W"]``. With
+    ``allow_absent`` (a node's inputs and outputs), ``""`` stands for an absent
+    tensor and repeats are left to the caller.
+    """
+    if isinstance(names, (str, bytes)):
+        raise TypeError(f"{arg} must be a sequence of tensor names, got the string "
+                        f"{names!r}; write [{names!r}]")
+    try:
+        names = tuple(names)
+    except TypeError:
+        raise TypeError(f"{arg} must be a sequence of tensor names, got {names!r}") from None
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"{arg} must hold {'' if allow_absent else 'non-empty '}strings, got {name!r}")
+        if not name and not allow_absent:
+            raise ValueError(f"{arg} must hold non-empty strings, got ''")
+    if allow_absent:
+        return names
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{arg} names the tensor {name!r} twice")
+        seen.add(name)
+    if not names and not allow_empty_list:
+        raise ValueError(f"{arg} must name at least one tensor")
+    return names
+
+
+def check_gradient_names(xs: Any, zs: Any, y: Any, *, y_required: bool) -> tuple:
+    """Validate a Gradient's ``xs``, ``zs`` and ``y`` attributes; return them canonical."""
+    xs = check_names("xs", xs, allow_empty_list=False)
+    zs = check_names("zs", zs)
+    both = [name for name in xs if name in zs]
+    if both:
+        raise ValueError(f"tensor {both[0]!r} is in both xs and zs; a tensor is either "
+                         f"differentiated (xs) or held fixed (zs), not both")
+    if y is None:
+        if y_required:
+            raise ValueError("y (the name of the tensor to differentiate) is required")
+    elif not isinstance(y, str) or not y:
+        raise TypeError(f"y must be a non-empty tensor name, got {y!r}")
+    return xs, zs, y
+
+
+def check_differentiable(name: str, value: Any) -> None:
+    """Raise ``ValueError`` naming ``xs`` tensor ``name`` if ``value`` is not floating point."""
+    if not jax.tree_util.tree_leaves(value):
+        raise ValueError(f"xs tensor {name!r} was fed {value!r}, which holds no array; feed a "
+                         f"floating-point array (or a pytree of them) to differentiate")
+    try:
+        check_floating(value, f"xs tensor {name!r}")
+    except TypeError as err:
+        raise ValueError(f"{err}; Gradient differentiates floating-point tensors only "
+                         f"(SPEC 6): put integer and boolean tensors in zs") from None
+
+
+def check_target(y_name: str, value: Any) -> None:
+    """Raise ``ValueError`` naming the Gradient target ``y_name`` if ``value`` is not floating point."""
+    if not jax.tree_util.tree_leaves(value):
+        raise ValueError(f"y tensor {y_name!r} is {value!r}, which holds no array; the function "
+                         f"must compute a floating-point y to differentiate")
+    try:
+        check_floating(value, f"y tensor {y_name!r}")
+    except TypeError as err:
+        raise ValueError(f"{err}; only a floating-point y can be differentiated") from None
+
+
+# ---------------------------------------------------------------------------
+# Feeds of graph inputs (optkit.Graph and optkit.onnx's BackendRep)
+
+
+def shape_text(shape: Sequence[Any] | None) -> str:
+    """A declared shape as text, ``(N, 3)``: an int, a symbolic name, ``?`` for an unknown dimension."""
+    if shape is None:
+        return "(any shape)"
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+
+
+def check_feed(name: str, value: Any, shape: Sequence[Any] | None, dtype: Any, *, exact: bool = False) -> None:
+    """A value fed for graph input ``name`` against its declared ``shape`` and ``dtype``.
+
+    ``shape`` entries are ints (checked), or None or a symbolic name (free);
+    None for the whole shape or ``dtype`` leaves that unchecked. Values without
+    ``.shape``/``.dtype`` (pytrees fed to an :class:`optkit.Graph`) pass.
+
+    Raises:
+      TypeError (``exact``, ONNX's rule: no implicit conversion) or ValueError:
+        a dtype other than the declared one.
+      ValueError: another rank, or another size on a fixed dimension.
+    """
+    if dtype is not None and hasattr(value, "dtype") and jnp.dtype(value.dtype) != jnp.dtype(dtype):
+        if exact:
+            raise TypeError(f"graph input {name!r} is declared {jnp.dtype(dtype)}, fed {jnp.dtype(value.dtype)}; "
+                            f"ONNX does not convert types implicitly: cast the value first")
+        raise ValueError(f"graph input {name!r} is declared {jnp.dtype(dtype)}, fed {jnp.dtype(value.dtype)}")
+    if shape is not None and hasattr(value, "shape"):
+        got = tuple(value.shape)
+        if len(got) != len(shape) or any(isinstance(d, int) and d != s for d, s in zip(shape, got)):
+            raise ValueError(f"graph input {name!r} is declared with shape {shape_text(shape)}, fed shape {got}")

@@ -23,13 +23,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from optkit._src.checks import check_shape
-from optkit._src.gradient import (
-    check_differentiable,
-    check_gradient_names,
-    check_names,
-    differentiate,
-)
+from optkit._src.checks import check_differentiable, check_feed, check_gradient_names, check_names, check_shape
+from optkit._src.gradient import differentiate
 
 __all__ = ["Graph", "GraphNode", "GradientNode"]
 
@@ -644,18 +639,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
                 raise ValueError(f"feed {name!r} is the output of {_name_of(self._producer[name])}"
                                  f"; only graph inputs and initializers can be fed")
             raise ValueError(f"feed {name!r} is not a graph input (inputs: {list(self._inputs)})")
-        if spec.dtype is not None and hasattr(value, "dtype"):
-            if jnp.dtype(value.dtype) != spec.dtype:
-                raise ValueError(f"graph input {name!r} is declared {spec.dtype}, "
-                                 f"fed {jnp.dtype(value.dtype)}")
-        if spec.shape is not None and hasattr(value, "shape"):
-            shape = tuple(value.shape)
-            if len(shape) != len(spec.shape) or any(
-                d is not None and d != s for d, s in zip(spec.shape, shape, strict=True)
-            ):
-                text = "(" + ", ".join("?" if d is None else str(d) for d in spec.shape) + ")"
-                raise ValueError(f"graph input {name!r} is declared with shape {text}, "
-                                 f"fed shape {shape}")
+        check_feed(name, value, spec.shape, spec.dtype)
 
     def evaluate(
         self, feeds: Mapping[str, Any], outputs: str | Sequence[str] | None = None

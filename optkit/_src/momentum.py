@@ -1,4 +1,19 @@
-"""Momentum exactly as ONNX ``ai.onnx.preview.training::Momentum`` defines it (SPEC.md section 4)."""
+"""Momentum exactly as ONNX ``ai.onnx.preview.training::Momentum`` defines it (SPEC.md section 4).
+
+SPEC 4, for one tensor, with ``T`` the number of updates already made::
+
+    G_reg    = norm_coefficient * X + G
+    beta_adj = beta if T > 0 else 1
+    V_new    = alpha * V + beta_adj * G_reg
+    standard: X_new = X - R * V_new
+    nesterov: X_new = X - R * (G_reg + alpha * V_new)
+
+:func:`_momentum_leaf` is that formula, once; :func:`_beta_adj` is the step's
+scalar. The spec operator :func:`onnx_momentum` scales the direction by ``R``
+and subtracts; the Optax transformation :func:`scale_by_onnx_momentum` returns
+the direction and leaves ``R`` to ``optax.scale_by_learning_rate``
+(:func:`momentum`).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +24,116 @@ import jax.numpy as jnp
 import optax
 
 from optkit._src import checks, sharding
-from optkit._src.ops import compute_dtype, map_leaves, momentum_leaf, params_needed_for, per_dtype
+from optkit._src.numerics import compute_dtype, map_leaves, per_dtype
 
-__all__ = ["ScaleByOnnxMomentumState", "scale_by_onnx_momentum", "momentum"]
+__all__ = ["ScaleByOnnxMomentumState", "OnnxMomentumOutputs", "onnx_momentum", "scale_by_onnx_momentum", "momentum"]
+
+
+# ---------------------------------------------------------------------------
+# The formula
+
+
+def _beta_adj(T: Any, beta: Any, dtype: Any) -> jax.Array:
+    """``beta if T > 0 else 1`` in ``dtype`` (SPEC 4: the first update uses the whole gradient)."""
+    return jnp.where(jnp.asarray(T) > 0, jnp.asarray(beta, dtype), jnp.ones([], dtype))
+
+
+def _momentum_leaf(g, v, x, *, rate, alpha, beta_adj, nesterov, norm_coefficient, dtype):
+    """SPEC 4 for one tensor: ``(rate * direction, V_new)`` in ``dtype``.
+
+    ``direction`` is ``V_new`` (standard) or ``G_reg + alpha * V_new``
+    (nesterov); ``x`` is the parameter, or None when ``norm_coefficient`` is
+    known to be 0; ``rate`` is the step's scalar, or None for 1.
+    """
+    g = g.astype(dtype)
+    g_reg = g if x is None else norm_coefficient * x.astype(dtype) + g
+    v_new = alpha * v.astype(dtype) + beta_adj * g_reg
+    direction = g_reg + alpha * v_new if nesterov else v_new
+    return (direction if rate is None else rate * direction), v_new
+
+
+# ---------------------------------------------------------------------------
+# The spec operator
+
+
+class OnnxMomentumOutputs(NamedTuple):
+    """Outputs of :func:`onnx_momentum`: all ``X_new``, then all ``V_new``."""
+
+    X_new: Any
+    V_new: Any
+
+
+def onnx_momentum(
+    R: Any,
+    T: Any,
+    X: Any,
+    G: Any,
+    V: Any,
+    *,
+    alpha: float,
+    beta: float,
+    mode: str,
+    norm_coefficient: float,
+) -> OnnxMomentumOutputs:
+    """ONNX ``ai.onnx.preview.training::Momentum`` (version 1), several tensors at once.
+
+    Computes, for every tensor (SPEC.md section 4)::
+
+        G_reg    = norm_coefficient * X + G
+        beta_adj = beta if T > 0 else 1
+        V_new    = alpha * V + beta_adj * G_reg
+        standard: X_new = X - R * V_new
+        nesterov: X_new = X - R * (G_reg + alpha * V_new)
+
+    All four attributes are required, as in the ONNX schema.
+
+    Args:
+      R: the learning rate, a float scalar, >= 0.
+      T: the number of updates already made, an integer scalar (0 at the first update).
+      X: the tensors to optimize; G: their gradients; V: their momenta (same
+        pytree and shapes).
+      alpha: ONNX ``alpha``, the momentum decay, >= 0.
+      beta: ONNX ``beta``, the gradient's coefficient after the first step, >= 0.
+      mode: ``"standard"`` or ``"nesterov"``.
+      norm_coefficient: L2 coefficient added to the gradient, >= 0.
+
+    Returns:
+      ``OnnxMomentumOutputs(X_new, V_new)`` with ``X``'s structure, leaves in
+      their inputs' dtypes.
+
+    Raises:
+      ValueError: an unknown ``mode``, and as :func:`onnx_adagrad`.
+      TypeError: as :func:`onnx_adagrad`.
+
+    Example:
+      >>> import jax.numpy as jnp, optkit
+      >>> X_new, V_new = optkit.ops.onnx_momentum(
+      ...     jnp.float32(0.1), 0, [jnp.ones(2)], [jnp.ones(2)], [jnp.zeros(2)],
+      ...     alpha=0.9, beta=1.0, mode="standard", norm_coefficient=0.0)
+    """
+    checks.check_scalar("alpha", alpha, low=0.0)
+    checks.check_scalar("beta", beta, low=0.0)
+    if mode not in ("standard", "nesterov"):
+        raise ValueError(f"mode must be 'standard' or 'nesterov', got {mode!r}")
+    checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0)
+    R = checks.check_rate_scalar("R", R)
+    T = checks.check_step_count("T", T)
+    checks.check_tensors("X", X, G=G, V=V)
+    use_x = not checks.is_concrete_zero(norm_coefficient)
+    beta_adj = per_dtype(lambda dtype: _beta_adj(T, beta, dtype))
+
+    def leaf(x, g, v):
+        dtype = compute_dtype(x.dtype, g.dtype, v.dtype)
+        step, v_new = _momentum_leaf(g, v, x if use_x else None, rate=R.astype(dtype), alpha=alpha,
+                                     beta_adj=beta_adj(dtype), nesterov=mode == "nesterov",
+                                     norm_coefficient=norm_coefficient, dtype=dtype)
+        return (x.astype(dtype) - step).astype(x.dtype), v_new.astype(v.dtype)
+
+    return OnnxMomentumOutputs(*map_leaves(leaf, 2, X, G, V))
+
+
+# ---------------------------------------------------------------------------
+# The Optax transformation
 
 
 class ScaleByOnnxMomentumState(NamedTuple):
@@ -79,7 +201,7 @@ def scale_by_onnx_momentum(
     if not isinstance(nesterov, bool):
         raise TypeError(f"nesterov must be a bool, got {nesterov!r}")
     accumulator_dtype = checks.check_dtype("accumulator_dtype", accumulator_dtype)
-    params_reason = params_needed_for("norm_coefficient", norm_coefficient)
+    params_reason = checks.params_needed_for("norm_coefficient", norm_coefficient)
     use_params = params_reason is not None
 
     def init_fn(params):
@@ -94,17 +216,12 @@ def scale_by_onnx_momentum(
             "scale_by_onnx_momentum", updates, {"state.trace": state.trace},
             params, params_reason,
         )
-
-        beta_adjusted = per_dtype(
-            lambda dtype: jnp.where(state.count > 0, jnp.asarray(beta, dtype), jnp.ones([], dtype))
-        )
+        beta_adj = per_dtype(lambda dtype: _beta_adj(state.count, beta, dtype))
 
         def leaf(g, v, x):
             dtype = compute_dtype(g.dtype, v.dtype, None if x is None else x.dtype)
-            direction, v_new = momentum_leaf(
-                g, v, x, alpha=alpha, beta_adj=beta_adjusted(dtype), nesterov=nesterov,
-                norm_coefficient=norm_coefficient, dtype=dtype,
-            )
+            direction, v_new = _momentum_leaf(g, v, x, rate=None, alpha=alpha, beta_adj=beta_adj(dtype),
+                                              nesterov=nesterov, norm_coefficient=norm_coefficient, dtype=dtype)
             return direction.astype(g.dtype), v_new.astype(v.dtype)
 
         new_updates, trace = map_leaves(

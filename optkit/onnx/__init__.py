@@ -56,7 +56,8 @@ from optkit.onnx._loader import (
     load_model,
     to_graph,
 )
-from optkit.onnx._table import TensorTooLargeError, UnsupportedOpError, supported_ops
+from optkit.onnx._ops import supported_ops
+from optkit.onnx._table import TensorTooLargeError, UnsupportedOpError
 
 __all__ = [
     "Backend",

@@ -21,7 +21,8 @@ import onnx.defs
 import onnx.shape_inference
 from onnx import helper
 
-from optkit._src.graph import Graph
+from optkit import Graph
+from optkit._src.checks import check_feed
 from optkit.onnx._loader import Converted, InputInfo, Limits, ModelSource, convert, load_model
 from optkit.onnx._table import TRAINING_DOMAIN, normalize_domain
 
@@ -186,17 +187,7 @@ class BackendRep(onnx.backend.base.BackendRep):
         elif not isinstance(value, (np.ndarray, np.generic, jax.Array)):
             raise TypeError(f"graph input {info.name!r}: feed a NumPy or JAX array, got "
                             f"{type(value).__name__}")
-        dtype = np.dtype(value.dtype)
-        if dtype != info.dtype:
-            raise TypeError(f"graph input {info.name!r} is declared {info.dtype}, fed {dtype}; "
-                            f"ONNX does not convert types implicitly: cast the value first")
-        if info.shape is not None:
-            shape = tuple(np.shape(value))
-            if len(shape) != len(info.shape) or any(
-                isinstance(d, int) and d != s for d, s in zip(info.shape, shape)
-            ):
-                raise ValueError(f"graph input {info.name!r} is declared with shape "
-                                 f"{info.shape_text()}, fed shape {shape}")
+        check_feed(info.name, value, info.shape, info.dtype, exact=True)  # ONNX: no implicit conversion
         return value
 
     def _check_symbols(self, feeds: Mapping[str, Any]) -> None:

@@ -30,11 +30,12 @@ import onnx.defs
 import onnx.external_data_helper
 import onnx.inliner
 
-from optkit._src.graph import Graph
-from optkit.onnx import _standard, _training  # noqa: F401  (they fill the op table)
+from optkit import Graph
+from optkit._src.checks import shape_text
+from optkit.onnx._ops import TABLE
 from optkit.onnx._table import (
-    _DTYPES,
     DEFAULT_DOMAIN,
+    DTYPES,
     TRAINING_DOMAIN,
     NodeContext,
     OpSpec,
@@ -42,7 +43,6 @@ from optkit.onnx._table import (
     UnsupportedOpError,
     domain_text,
     is_static,
-    lookup,
     normalize_domain,
     onnx_dtype,
     parse_attributes,
@@ -190,7 +190,7 @@ def _check_declared_shape(value_info: onnx.ValueInfoProto, what: str, limit: int
     negative = [d for d in fixed if d < 0]
     if negative:
         raise ValueError(f"{what} {value_info.name!r} declares the negative dimension {negative[0]}")
-    dtype = _DTYPES.get(tensor.elem_type)
+    dtype = DTYPES.get(tensor.elem_type)
     _check_size(tuple(fixed), dtype, f"{what} {value_info.name!r}", limit)
 
 
@@ -367,9 +367,7 @@ class InputInfo:
 
     def shape_text(self) -> str:
         """The declared shape as text, ``(N, 3)``; ``?`` for an unknown dimension."""
-        if self.shape is None:
-            return "(any shape)"
-        return "(" + ", ".join("?" if d is None else str(d) for d in self.shape) + ")"
+        return shape_text(self.shape)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -540,7 +538,7 @@ def convert(model: onnx.ModelProto, limits: Limits | None = None) -> Converted:
         if domain not in opsets:
             raise ValueError(f"{where}: the model does not import the domain {domain_text(domain)!r}")
         opset = opsets[domain]
-        spec = lookup(domain, node.op_type, opset, where=where)
+        spec = TABLE.lookup(domain, node.op_type, opset, where=where)
         try:
             schema = onnx.defs.get_schema(node.op_type, opset, domain)
         except onnx.defs.SchemaError:

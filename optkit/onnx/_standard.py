@@ -1,9 +1,10 @@
 """Handlers for the standard (``ai.onnx``) operators a training graph needs.
 
-One small builder per operator (see ``_table.py``): it reads the node's
-attributes once, at load time, and returns the JAX function of the inputs.
+One small builder per operator (see ``_table.py``), recorded in this module's
+``HANDLERS`` list: it reads the node's attributes once, at load time, and
+returns the JAX function of the inputs.
 The semantics follow the ONNX operator documentation of each version listed
-in ``register``; where versions differ (attribute vs input forms of axes,
+in ``handler``; where versions differ (attribute vs input forms of axes,
 Softmax's 2-D coercion before opset 13), the builder branches on
 ``ctx.version``.
 
@@ -23,7 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from optkit.onnx._table import NodeContext, onnx_dtype, register, static_value
+from optkit.onnx._table import Handler, NodeContext, handler, onnx_dtype, static_value
+
+# This module's part of the op table (``optkit.onnx._ops`` assembles the table).
+HANDLERS: list[Handler] = []
 
 # ---------------------------------------------------------------------------
 # helpers
@@ -85,10 +89,10 @@ _ONE_FUNCTION = {
     "Where": (jnp.where, (9, 16)),
 }
 for _op_type, (_fn, _versions) in _ONE_FUNCTION.items():
-    register(_op_type, *_versions)(lambda ctx, fn=_fn: fn)
+    handler(HANDLERS, _op_type, *_versions)(lambda ctx, fn=_fn: fn)
 
 
-@register("Div", 7, 13, 14)
+@handler(HANDLERS, "Div", 7, 13, 14)
 def _div(ctx):
     def div(a, b):
         # Integer Div truncates toward zero, as C does (test_div_int32_trunc).
@@ -100,7 +104,7 @@ def _div(ctx):
     return div
 
 
-@register("Pow", 7, 12, 13, 15)
+@handler(HANDLERS, "Pow", 7, 12, 13, 15)
 def _pow(ctx):
     def power(x, y):
         x_dtype = jnp.result_type(x)
@@ -113,12 +117,12 @@ def _pow(ctx):
     return power
 
 
-@register("Relu", 6, 13, 14)
+@handler(HANDLERS, "Relu", 6, 13, 14)
 def _relu(ctx):
     return lambda x: jnp.maximum(x, jnp.zeros((), jnp.result_type(x)))
 
 
-@register("LeakyRelu", 6, 16)
+@handler(HANDLERS, "LeakyRelu", 6, 16)
 def _leaky_relu(ctx):
     alpha = ctx.attrs["alpha"]
     return lambda x: jnp.where(x >= 0, x, alpha * x)
@@ -154,15 +158,15 @@ def _softmax_builder(fn):
     return build
 
 
-register("Softmax", 1, 11, 13)(_softmax_builder(jax.nn.softmax))
-register("LogSoftmax", 1, 11, 13)(_softmax_builder(jax.nn.log_softmax))
+handler(HANDLERS, "Softmax", 1, 11, 13)(_softmax_builder(jax.nn.softmax))
+handler(HANDLERS, "LogSoftmax", 1, 11, 13)(_softmax_builder(jax.nn.log_softmax))
 
 
 # ---------------------------------------------------------------------------
 # linear algebra
 
 
-@register("Gemm", 7, 9, 11, 13)
+@handler(HANDLERS, "Gemm", 7, 9, 11, 13)
 def _gemm(ctx):
     alpha = ctx.attrs.get("alpha", 1.0)
     beta = ctx.attrs.get("beta", 1.0)
@@ -220,7 +224,7 @@ def _auto_pads(ctx: NodeContext, spatial, kernel, strides, dilations, pads):
     return result
 
 
-@register("Conv", 1, 11, 22)
+@handler(HANDLERS, "Conv", 1, 11, 22)
 def _conv(ctx):
     group = int(ctx.attrs.get("group", 1))
 
@@ -293,7 +297,7 @@ def _reduce_window(x, init, op, kernel, strides, dilations, padding):
     )
 
 
-@register("MaxPool", 1, 8, 10, 11, 12, 22)
+@handler(HANDLERS, "MaxPool", 1, 8, 10, 11, 12, 22)
 def _max_pool(ctx):
     if ctx.has_output(1):
         raise ctx.unsupported("the Indices output is not supported; leave the second output out")
@@ -308,7 +312,7 @@ def _max_pool(ctx):
     return max_pool
 
 
-@register("AveragePool", 1, 7, 10, 11, 19, 22)
+@handler(HANDLERS, "AveragePool", 1, 7, 10, 11, 19, 22)
 def _average_pool(ctx):
     count_include_pad = bool(ctx.attrs.get("count_include_pad", 0))
 
@@ -335,7 +339,7 @@ def _average_pool(ctx):
     return average_pool
 
 
-@register("GlobalAveragePool", 1, 22)
+@handler(HANDLERS, "GlobalAveragePool", 1, 22)
 def _global_average_pool(ctx):
     def global_average_pool(x):
         if jnp.ndim(x) < 3:
@@ -349,7 +353,7 @@ def _global_average_pool(ctx):
 # shapes
 
 
-@register("Flatten", 1, 9, 11, 13, 21, 23, 24, 25)
+@handler(HANDLERS, "Flatten", 1, 9, 11, 13, 21, 23, 24, 25)
 def _flatten(ctx):
     axis = ctx.attrs.get("axis", 1)
 
@@ -364,7 +368,7 @@ def _flatten(ctx):
     return flatten
 
 
-@register("Reshape", 5, 13, 14, 19, 21, 23, 24, 25, static_inputs=(1,))
+@handler(HANDLERS, "Reshape", 5, 13, 14, 19, 21, 23, 24, 25, static_inputs=(1,))
 def _reshape(ctx):
     allowzero = bool(ctx.attrs.get("allowzero", 0))
 
@@ -399,7 +403,7 @@ def _reshape(ctx):
     return reshape
 
 
-@register("Transpose", 1, 13, 21, 23, 24, 25)
+@handler(HANDLERS, "Transpose", 1, 13, 21, 23, 24, 25)
 def _transpose(ctx):
     perm = ctx.attrs.get("perm")
 
@@ -413,7 +417,7 @@ def _transpose(ctx):
     return transpose
 
 
-@register("Concat", 4, 11, 13)
+@handler(HANDLERS, "Concat", 4, 11, 13)
 def _concat(ctx):
     axis = ctx.attrs["axis"]
 
@@ -432,7 +436,7 @@ def _axes_attribute_or_input(ctx: NodeContext, axes: Any) -> list[int] | None:
     return None if value is None else [int(a) for a in value.reshape(-1)]
 
 
-@register("Unsqueeze", 1, 11, 13, 21, 23, 24, 25, static_inputs=(1,))
+@handler(HANDLERS, "Unsqueeze", 1, 11, 13, 21, 23, 24, 25, static_inputs=(1,))
 def _unsqueeze(ctx):
     def unsqueeze(x, axes=None):
         values = _axes_attribute_or_input(ctx, axes)
@@ -444,7 +448,7 @@ def _unsqueeze(ctx):
     return unsqueeze
 
 
-@register("Squeeze", 1, 11, 13, 21, 23, 24, 25, static_inputs=(1,))
+@handler(HANDLERS, "Squeeze", 1, 11, 13, 21, 23, 24, 25, static_inputs=(1,))
 def _squeeze(ctx):
     def squeeze(x, axes=None):
         values = _axes_attribute_or_input(ctx, axes)
@@ -460,12 +464,12 @@ def _squeeze(ctx):
     return squeeze
 
 
-@register("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
+@handler(HANDLERS, "Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
 def _identity(ctx):
     return lambda x: x
 
 
-@register("Shape", 1, 13, 15, 19, 21, 23, 24, 25, static_outputs=True)
+@handler(HANDLERS, "Shape", 1, 13, 15, 19, 21, 23, 24, 25, static_outputs=True)
 def _shape(ctx):
     start = ctx.attrs.get("start", 0)
     end = ctx.attrs.get("end")
@@ -478,7 +482,7 @@ def _shape(ctx):
     return shape
 
 
-@register("Constant", 1, 9, 11, 12, 13, 19, 21, 23, 24, 25)
+@handler(HANDLERS, "Constant", 1, 9, 11, 12, 13, 19, 21, 23, 24, 25)
 def _constant(ctx):
     given = [k for k in ctx.attrs if k.startswith("value") or k == "sparse_value"]
     if len(given) != 1:
@@ -533,11 +537,11 @@ def _reduce_max(x, axes, keepdims):
     return jnp.max(x, axis=axes, keepdims=keepdims, initial=_lowest(dtype) if empty else None)
 
 
-register("ReduceSum", 1, 11, 13, static_inputs=(1,))(
+handler(HANDLERS, "ReduceSum", 1, 11, 13, static_inputs=(1,))(
     _reduce_builder(lambda x, a, k: jnp.sum(x, axis=a, keepdims=k), 13))
-register("ReduceMean", 1, 11, 13, 18, static_inputs=(1,))(
+handler(HANDLERS, "ReduceMean", 1, 11, 13, 18, static_inputs=(1,))(
     _reduce_builder(lambda x, a, k: jnp.mean(x, axis=a, keepdims=k), 18))
-register("ReduceMax", 1, 11, 12, 13, 18, 20, static_inputs=(1,))(
+handler(HANDLERS, "ReduceMax", 1, 11, 12, 13, 18, 20, static_inputs=(1,))(
     _reduce_builder(_reduce_max, 18))
 
 
@@ -545,7 +549,7 @@ register("ReduceMax", 1, 11, 12, 13, 18, 20, static_inputs=(1,))(
 # types and indexing
 
 
-@register("Cast", 6, 9, 13, 19, 21, 23, 24, 25, 28)
+@handler(HANDLERS, "Cast", 6, 9, 13, 19, 21, 23, 24, 25, 28)
 def _cast(ctx):
     dtype = onnx_dtype(ctx.attrs["to"], ctx.message("attribute 'to'"))
 
@@ -555,7 +559,7 @@ def _cast(ctx):
     return cast
 
 
-@register("Gather", 1, 11, 13)
+@handler(HANDLERS, "Gather", 1, 11, 13)
 def _gather(ctx):
     axis = ctx.attrs.get("axis", 0)
 
@@ -634,7 +638,7 @@ def _nll(ctx: NodeContext, log_prob, labels, weights, reduction: str, ignore_ind
     raise ctx.error(f"reduction must be 'none', 'sum' or 'mean', got {reduction!r}")
 
 
-@register("NegativeLogLikelihoodLoss", 12, 13, 22)
+@handler(HANDLERS, "NegativeLogLikelihoodLoss", 12, 13, 22)
 def _negative_log_likelihood_loss(ctx):
     reduction = ctx.attrs.get("reduction", "mean")
     ignore_index = ctx.attrs.get("ignore_index")
@@ -647,7 +651,7 @@ def _negative_log_likelihood_loss(ctx):
     return nll
 
 
-@register("SoftmaxCrossEntropyLoss", 12, 13)
+@handler(HANDLERS, "SoftmaxCrossEntropyLoss", 12, 13)
 def _softmax_cross_entropy_loss(ctx):
     reduction = ctx.attrs.get("reduction", "mean")
     ignore_index = ctx.attrs.get("ignore_index")
@@ -685,11 +689,11 @@ def _variadic_builder(fn):
     return build
 
 
-register("Max", 8, 12, 13)(_variadic_builder(jnp.maximum))
-register("Min", 8, 12, 13)(_variadic_builder(jnp.minimum))
+handler(HANDLERS, "Max", 8, 12, 13)(_variadic_builder(jnp.maximum))
+handler(HANDLERS, "Min", 8, 12, 13)(_variadic_builder(jnp.minimum))
 
 
-@register("CastLike", 15, 19, 21, 23, 24, 25)
+@handler(HANDLERS, "CastLike", 15, 19, 21, 23, 24, 25)
 def _cast_like(ctx):
     def cast_like(x, target):
         return jnp.asarray(x).astype(jnp.result_type(target))
@@ -697,7 +701,7 @@ def _cast_like(ctx):
     return cast_like
 
 
-@register("GatherElements", 11, 13)
+@handler(HANDLERS, "GatherElements", 11, 13)
 def _gather_elements(ctx):
     axis = ctx.attrs.get("axis", 0)
 
@@ -719,7 +723,7 @@ def _gather_elements(ctx):
     return gather_elements
 
 
-@register("Slice", 10, 11, 13, static_inputs=(1, 2, 3, 4))
+@handler(HANDLERS, "Slice", 10, 11, 13, static_inputs=(1, 2, 3, 4))
 def _slice(ctx):
     def slice_(x, starts, ends, axes=None, steps=None):
         starts = [int(v) for v in static_value(starts, ctx, "starts").reshape(-1)]
@@ -749,5 +753,5 @@ def _slice(ctx):
     return slice_
 
 
-register("ReduceSumSquare", 1, 11, 13, 18, static_inputs=(1,))(
+handler(HANDLERS, "ReduceSumSquare", 1, 11, 13, 18, static_inputs=(1,))(
     _reduce_builder(lambda x, a, k: jnp.sum(x * x, axis=a, keepdims=k), 18))

@@ -36,14 +36,15 @@ from onnx import TensorProto, helper, numpy_helper
 __all__ = [
     "DEFAULT_DOMAIN",
     "TRAINING_DOMAIN",
+    "DTYPES",
     "UnsupportedOpError",
     "TensorTooLargeError",
     "tensor_value",
     "OpSpec",
+    "OpTable",
+    "Handler",
+    "handler",
     "NodeContext",
-    "register",
-    "lookup",
-    "supported_ops",
     "parse_attributes",
     "onnx_dtype",
     "dtype_name",
@@ -92,7 +93,7 @@ def domain_text(domain: str) -> str:
 # The element types a handler may see. Strings, complex numbers and the
 # 2-, 4-, 6- and 8-bit floating/integer formats are refused at load time:
 # their ONNX cast/saturation rules are not implemented.
-_DTYPES: dict[int, np.dtype] = {
+DTYPES: dict[int, np.dtype] = {
     TensorProto.FLOAT: np.dtype(np.float32),
     TensorProto.DOUBLE: np.dtype(np.float64),
     TensorProto.FLOAT16: np.dtype(np.float16),
@@ -123,11 +124,11 @@ def onnx_dtype(elem_type: int, what: str) -> np.dtype:
     Raises:
       UnsupportedOpError: a type optkit does not run (strings, complex, float8...).
     """
-    if elem_type not in _DTYPES:
-        supported = ", ".join(dtype_name(t) for t in _DTYPES)
+    if elem_type not in DTYPES:
+        supported = ", ".join(dtype_name(t) for t in DTYPES)
         raise UnsupportedOpError(f"{what} has element type {dtype_name(elem_type)}, which optkit does "
                                  f"not run; supported: {supported}")
-    return _DTYPES[elem_type]
+    return DTYPES[elem_type]
 
 
 def tensor_value(tensor: onnx.TensorProto, what: str) -> np.ndarray:
@@ -304,10 +305,6 @@ class NodeContext:
         """An UnsupportedOpError that names this node; raise it."""
         return UnsupportedOpError(self.message(text))
 
-    def has_input(self, i: int) -> bool:
-        """True if optional input ``i`` is given (present and not ``""``)."""
-        return i < len(self.inputs) and bool(self.inputs[i])
-
     def has_output(self, i: int) -> bool:
         """True if optional output ``i`` is asked for."""
         return i < len(self.outputs) and bool(self.outputs[i])
@@ -317,16 +314,55 @@ Builder = Callable[[NodeContext], Callable[..., Any]]
 
 
 @dataclasses.dataclass(frozen=True)
-class OpSpec:
-    """One row of the table.
+class Handler:
+    """A handler and the operator versions it implements (a module's list of these is its part of the table).
 
     Attributes:
-      domain, op_type, since_version: the key.
-      build: the handler: ``build(ctx) -> fn``; None for Gradient, which the
-        loader maps onto :meth:`optkit.Graph.add_gradient` itself.
+      op_type, since_versions, domain: the operator and every ``since_version``
+        whose semantics ``build`` implements (versions that only added types
+        included, so that a newer version can be told from an implemented one).
+      build: ``build(ctx) -> fn``; None for Gradient, which the loader maps
+        onto :meth:`optkit.Graph.add_gradient` itself.
       static_inputs: positions of inputs that must be known before running.
       static_outputs: True if the outputs are known before running whatever
         the inputs (``Shape``: shapes are static in XLA).
+    """
+
+    op_type: str
+    since_versions: tuple[int, ...]
+    build: Builder | None = dataclasses.field(repr=False)
+    domain: str = DEFAULT_DOMAIN
+    static_inputs: tuple[int, ...] = ()
+    static_outputs: bool = False
+
+
+def handler(
+    handlers: list[Handler],
+    op_type: str,
+    *since_versions: int,
+    domain: str = DEFAULT_DOMAIN,
+    static_inputs: Sequence[int] = (),
+    static_outputs: bool = False,
+) -> Callable[[Builder], Builder]:
+    """Decorator: append to ``handlers`` (a module's own list) a :class:`Handler` for ``build``."""
+    if not since_versions:
+        raise ValueError(f"handler({op_type!r}): give at least one since_version")
+
+    def decorate(build: Builder) -> Builder:
+        handlers.append(Handler(op_type, tuple(int(v) for v in since_versions), build, normalize_domain(domain),
+                                tuple(static_inputs), static_outputs))
+        return build
+
+    return decorate
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """One row of the table: one version of one operator.
+
+    Attributes:
+      domain, op_type, since_version: the key.
+      build, static_inputs, static_outputs: as :class:`Handler`.
     """
 
     domain: str
@@ -337,97 +373,59 @@ class OpSpec:
     static_outputs: bool = False
 
 
-_TABLE: dict[tuple[str, str, int], OpSpec] = {}
-_VERSIONS: dict[tuple[str, str], list[int]] = {}
+class OpTable:
+    """The op table, built from lists of :class:`Handler` (``optkit.onnx._ops.TABLE``)."""
 
+    def __init__(self, *handler_lists: Sequence[Handler]) -> None:
+        self._rows: dict[tuple[str, str, int], OpSpec] = {}
+        self._versions: dict[tuple[str, str], list[int]] = {}
+        for handlers in handler_lists:
+            for h in handlers:
+                for version in h.since_versions:
+                    key = (h.domain, h.op_type, version)
+                    if key in self._rows:
+                        raise ValueError(f"{key} is registered twice")
+                    self._rows[key] = OpSpec(h.domain, h.op_type, version, h.build, h.static_inputs,
+                                             h.static_outputs)
+                    self._versions.setdefault((h.domain, h.op_type), []).append(version)
+        for versions in self._versions.values():
+            versions.sort()
 
-def register(
-    op_type: str,
-    *since_versions: int,
-    domain: str = DEFAULT_DOMAIN,
-    static_inputs: Sequence[int] = (),
-    static_outputs: bool = False,
-) -> Callable[[Builder], Builder]:
-    """Decorator: register a handler for each listed ``since_version`` of ``domain::op_type``.
+    def lookup(self, domain: str, op_type: str, opset: int, *, where: str | None = None) -> OpSpec:
+        """The handler for ``domain::op_type`` in a model importing ``opset`` for ``domain``.
 
-    List every version whose semantics the handler implements, including
-    versions that only added types, so that :func:`lookup` can tell an
-    implemented version from a newer one.
-    """
-    domain = normalize_domain(domain)
-    if not since_versions:
-        raise ValueError(f"register({op_type!r}): give at least one since_version")
+        Picks the registered ``since_version`` that is the newest one ``<= opset``.
 
-    def decorate(build: Builder) -> Builder:
-        for version in since_versions:
-            key = (domain, op_type, int(version))
-            if key in _TABLE:
-                raise ValueError(f"{key} is registered twice")
-            _TABLE[key] = OpSpec(domain, op_type, int(version), build, tuple(static_inputs), static_outputs)
-            _VERSIONS.setdefault((domain, op_type), []).append(int(version))
-            _VERSIONS[(domain, op_type)].sort()
-        return build
+        Raises:
+          UnsupportedOpError: no handler for the operator, none old enough, or
+            ONNX defines a newer version of the operator at this opset than the
+            newest one optkit implements. The message names the operator type,
+            the domain and the opset version.
+        """
+        domain = normalize_domain(domain)
+        prefix = f"{where}: " if where else ""
+        op_text = f"{op_type} (domain {domain_text(domain)!r}, opset {opset})"
+        versions = self._versions.get((domain, op_type))
+        if not versions:
+            known = sorted(op for d, op in self._versions if d == domain)
+            hint = (f"; optkit runs these {domain_text(domain)} operators: {', '.join(known)}" if known
+                    else f"; optkit runs no operator of domain {domain_text(domain)!r}")
+            raise UnsupportedOpError(f"{prefix}unsupported operator {op_text}{hint}")
+        usable = [v for v in versions if v <= opset]
+        if not usable:
+            raise UnsupportedOpError(f"{prefix}unsupported operator version: {op_text}; optkit "
+                                     f"implements {op_type} versions {versions}")
+        chosen = usable[-1]
+        try:
+            schema = onnx.defs.get_schema(op_type, opset, domain)
+        except onnx.defs.SchemaError:
+            schema = None
+        if schema is not None and schema.since_version > chosen:
+            raise UnsupportedOpError(
+                f"{prefix}unsupported operator version: {op_text} means {op_type}-{schema.since_version}; "
+                f"optkit implements {op_type} versions {versions}")
+        return self._rows[(domain, op_type, chosen)]
 
-    return decorate
-
-
-def register_marker(op_type: str, *since_versions: int, domain: str) -> None:
-    """Register an operator the loader maps itself (Gradient): a row with ``build=None``."""
-    domain = normalize_domain(domain)
-    for version in since_versions:
-        _TABLE[(domain, op_type, version)] = OpSpec(domain, op_type, version, None)
-        _VERSIONS.setdefault((domain, op_type), []).append(version)
-
-
-def lookup(domain: str, op_type: str, opset: int, *, where: str | None = None) -> OpSpec:
-    """The handler for ``domain::op_type`` in a model importing ``opset`` for ``domain``.
-
-    Picks the registered ``since_version`` that is the newest one ``<= opset``.
-
-    Raises:
-      UnsupportedOpError: no handler for the operator, none old enough, or
-        ONNX defines a newer version of the operator at this opset than the
-        newest one optkit implements. The message names the operator type,
-        the domain and the opset version.
-    """
-    domain = normalize_domain(domain)
-    prefix = f"{where}: " if where else ""
-    op_text = f"{op_type} (domain {domain_text(domain)!r}, opset {opset})"
-    versions = _VERSIONS.get((domain, op_type))
-    if not versions:
-        known = sorted(op for d, op in _VERSIONS if d == domain)
-        hint = (f"; optkit runs these {domain_text(domain)} operators: {', '.join(known)}" if known
-                else f"; optkit runs no operator of domain {domain_text(domain)!r}")
-        raise UnsupportedOpError(f"{prefix}unsupported operator {op_text}{hint}")
-    usable = [v for v in versions if v <= opset]
-    if not usable:
-        raise UnsupportedOpError(f"{prefix}unsupported operator version: {op_text}; optkit "
-                                 f"implements {op_type} versions {versions}")
-    chosen = usable[-1]
-    try:
-        schema = onnx.defs.get_schema(op_type, opset, domain)
-    except onnx.defs.SchemaError:
-        schema = None
-    if schema is not None and schema.since_version > chosen:
-        raise UnsupportedOpError(
-            f"{prefix}unsupported operator version: {op_text} means {op_type}-{schema.since_version}; "
-            f"optkit implements {op_type} versions {versions}")
-    return _TABLE[(domain, op_type, chosen)]
-
-
-def supported_ops() -> list[tuple[str, str, int]]:
-    """The op table's rows: every operator version optkit runs.
-
-    Returns:
-      Sorted ``(domain, op_type, since_version)`` tuples; domain ``""`` is
-      ``ai.onnx``, ``"ai.onnx.preview.training"`` holds Adagrad, Adam,
-      Momentum and Gradient. A model importing opset ``N`` runs an operator
-      with the row of the newest ``since_version <= N``, if ONNX has no newer
-      version of it at ``N``.
-
-    Example:
-      >>> import optkit.onnx
-      >>> ("ai.onnx.preview.training", "Adam", 1) in optkit.onnx.supported_ops()
-      True
-    """
-    return sorted(_TABLE)
+    def rows(self) -> list[tuple[str, str, int]]:
+        """Every ``(domain, op_type, since_version)``, sorted."""
+        return sorted(self._rows)

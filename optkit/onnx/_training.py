@@ -1,9 +1,12 @@
 """Handlers for ``ai.onnx.preview.training``: Adagrad, Adam, Momentum (and Gradient's row).
 
-The optimizer handlers parse ONNX's variadic form — ``R, T``, then ``n``
-tensors of each kind — and call the spec ops of :mod:`optkit.ops`, where the
-arithmetic lives (SPEC sections 1, 3, 4). The Gradient operator (SPEC 6) has
-no handler: the loader maps it onto :meth:`optkit.Graph.add_gradient`.
+The optimizer handlers parse ONNX's variadic form (``R, T``, then ``n`` tensors
+of each kind) and call the public spec operators of :mod:`optkit.ops`, where
+the arithmetic and the attributes' bounds live (SPEC sections 1, 3, 4): a
+node's attributes are checked when it is loaded by tracing its operator
+abstractly on one tiny tensor of each kind, so nothing about the operators is
+repeated here. The Gradient operator (SPEC 6) has no handler: the loader maps
+it onto :meth:`optkit.Graph.add_gradient`.
 """
 
 from __future__ import annotations
@@ -11,10 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from optkit._src import checks, ops
-from optkit.onnx._table import TRAINING_DOMAIN, NodeContext, register, register_marker
+import jax
+import jax.numpy as jnp
 
-register_marker("Gradient", 1, domain=TRAINING_DOMAIN)
+import optkit.ops
+from optkit.onnx._table import TRAINING_DOMAIN, Handler, NodeContext, handler
+
+HANDLERS: list[Handler] = [Handler("Gradient", (1,), None, TRAINING_DOMAIN)]
 
 
 def _count_tensors(ctx: NodeContext, kinds: Sequence[str], results: Sequence[str]) -> int:
@@ -41,88 +47,72 @@ def _count_tensors(ctx: NodeContext, kinds: Sequence[str], results: Sequence[str
     return n
 
 
-def _check_attribute(ctx: NodeContext, name: str, **bounds: Any) -> float:
-    value = ctx.attrs[name]
-    try:
-        checks.check_scalar(name, value, **bounds)
-    except (TypeError, ValueError) as err:
-        raise type(err)(ctx.message(f"attribute {err}")) from None
-    return float(value)
-
-
 def _split(values: Sequence[Any], n: int, parts: int) -> list[list[Any]]:
     return [list(values[i * n:(i + 1) * n]) for i in range(parts)]
 
 
-def _named_errors(ctx: NodeContext, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Re-raise the spec op's trace-time errors with the node's name and tensor names."""
+def _operator(ctx: NodeContext, op: Callable[..., Any], parts: int, n: int, attrs: dict[str, Any]):
+    """The node's function: ``op`` on ``R, T`` and ``parts`` lists of ``n`` tensors, attributes checked now.
 
-    def call(*values):
+    Checking: ``op`` is traced once with ``jax.eval_shape`` on one float32 tensor
+    of shape (1,) per kind, so its own validation names any attribute out of
+    range before the model runs. At run time its trace-time errors name the
+    node and its tensors.
+    """
+    tensor = jax.ShapeDtypeStruct((1,), jnp.float32)
+    try:
+        jax.eval_shape(lambda R, T, *t: op(R, T, *[[x] for x in t], **attrs),
+                       jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32),
+                       *[tensor] * parts)
+    except (TypeError, ValueError) as err:
+        raise type(err)(ctx.message(f"attribute {err}")) from None
+
+    def run(R, T, *tensors):
         try:
-            return fn(*values)
+            return op(R, T, *_split(tensors, n, parts), **attrs)
         except (TypeError, ValueError) as err:
             raise type(err)(ctx.message(f"{err} (inputs {list(ctx.inputs)}; X, G... leaves are "
                                         f"numbered from 0 in that order)")) from None
 
-    return call
+    return run
 
 
-@register("Adagrad", 1, domain=TRAINING_DOMAIN)
+def _attributes(ctx: NodeContext, names: Sequence[str]) -> dict[str, Any]:
+    return {name: ctx.attrs[name] for name in names}
+
+
+def _outputs(run: Callable[..., Any], fields: Sequence[str]) -> Callable[..., tuple[Any, ...]]:
+    """The node's outputs in ONNX's order: every tensor of the first output kind, then the next..."""
+
+    def node(R, T, *tensors):
+        out = run(R, T, *tensors)
+        return tuple(tensor for field in fields for tensor in getattr(out, field))
+
+    return node
+
+
+@handler(HANDLERS, "Adagrad", 1, domain=TRAINING_DOMAIN)
 def _adagrad(ctx: NodeContext):
     """SPEC 1: inputs R, T, X_1..X_n, G_1..G_n, H_1..H_n; outputs X_new..., H_new..."""
     n = _count_tensors(ctx, ("X", "G", "H"), ("X_new", "H_new"))
-    attrs = {
-        "decay_factor": _check_attribute(ctx, "decay_factor", low=0.0),
-        "epsilon": _check_attribute(ctx, "epsilon", low=0.0),
-        "norm_coefficient": _check_attribute(ctx, "norm_coefficient", low=0.0),
-    }
-
-    def adagrad(R, T, *tensors):
-        X, G, H = _split(tensors, n, 3)
-        out = ops.onnx_adagrad(R, T, X, G, H, **attrs)
-        return (*out.X_new, *out.H_new)
-
-    return _named_errors(ctx, adagrad)
+    run = _operator(ctx, optkit.ops.onnx_adagrad, 3, n,
+                    _attributes(ctx, ("decay_factor", "epsilon", "norm_coefficient")))
+    return _outputs(run, ("X_new", "H_new"))
 
 
-@register("Adam", 1, domain=TRAINING_DOMAIN)
+@handler(HANDLERS, "Adam", 1, domain=TRAINING_DOMAIN)
 def _adam(ctx: NodeContext):
     """SPEC 3: inputs R, T, X..., G..., V... (first moments), H... (second); outputs X_new, V_new, H_new."""
     n = _count_tensors(ctx, ("X", "G", "V", "H"), ("X_new", "V_new", "H_new"))
-    attrs = {
-        "alpha": _check_attribute(ctx, "alpha", low=0.0, high=1.0, high_open=True),
-        "beta": _check_attribute(ctx, "beta", low=0.0, high=1.0, high_open=True),
-        "epsilon": _check_attribute(ctx, "epsilon", low=0.0),
-        "norm_coefficient": _check_attribute(ctx, "norm_coefficient", low=0.0),
-        "norm_coefficient_post": _check_attribute(ctx, "norm_coefficient_post", low=0.0, high=1.0,
-                                                  high_open=True),
-    }
-
-    def adam(R, T, *tensors):
-        X, G, V, H = _split(tensors, n, 4)
-        out = ops.onnx_adam(R, T, X, G, V, H, **attrs)
-        return (*out.X_new, *out.V_new, *out.H_new)
-
-    return _named_errors(ctx, adam)
+    run = _operator(ctx, optkit.ops.onnx_adam, 4, n, _attributes(
+        ctx, ("alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post")))
+    return _outputs(run, ("X_new", "V_new", "H_new"))
 
 
-@register("Momentum", 1, domain=TRAINING_DOMAIN)
+@handler(HANDLERS, "Momentum", 1, domain=TRAINING_DOMAIN)
 def _momentum(ctx: NodeContext):
     """SPEC 4: inputs R, T, X..., G..., V...; outputs X_new..., V_new...; all attributes required."""
     n = _count_tensors(ctx, ("X", "G", "V"), ("X_new", "V_new"))
-    mode = ctx.attrs["mode"]
-    if mode not in ("standard", "nesterov"):
-        raise ctx.error(f"attribute mode must be 'standard' or 'nesterov', got {mode!r}")
-    attrs = {
-        "alpha": _check_attribute(ctx, "alpha", low=0.0),
-        "beta": _check_attribute(ctx, "beta", low=0.0),
-        "norm_coefficient": _check_attribute(ctx, "norm_coefficient", low=0.0),
-        "mode": mode,
-    }
-
-    def momentum(R, T, *tensors):
-        X, G, V = _split(tensors, n, 3)
-        out = ops.onnx_momentum(R, T, X, G, V, **attrs)
-        return (*out.X_new, *out.V_new)
-
-    return _named_errors(ctx, momentum)
+    run = _operator(ctx, optkit.ops.onnx_momentum, 3, n,
+                    _attributes(ctx, ("alpha", "beta", "mode", "norm_coefficient")))
+    return _outputs(run, ("X_new", "V_new"))
