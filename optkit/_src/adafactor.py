@@ -42,7 +42,7 @@ import optax
 from jax import lax
 
 from optkit._src import checks, flat, sharding
-from optkit._src.numerics import compute_dtype
+from optkit._src.numerics import compute_dtype, per_dtype
 
 __all__ = [
     "FactoredSecondMoment",
@@ -167,7 +167,7 @@ def factored_axes(
       ((1, 2), None)
     """
     shape = checks.check_shape("shape", shape)
-    _check_factoring_args(factored, factored_dims, min_dim_size_to_factor)
+    checks.check_factoring(factored, factored_dims, min_dim_size_to_factor, _FACTORED_DIMS)
     if not factored or len(shape) < 2:
         return None
     if factored_dims == "last":
@@ -343,21 +343,14 @@ def _full_moments(g, x, nu, b2, eps1, guard, dtype) -> _Moments:
     return _Moments(FullSecondMoment(v), sum_u2, sum_x2)
 
 
-def _moments(g, x, nu, b2, eps1, factored_dims, guard, dtype) -> _Moments:
-    if isinstance(nu, FactoredSecondMoment):
-        row, col = _axes_of(g.shape, nu, factored_dims)
-        return _factored_moments(g, x, nu, b2, eps1, row, col, guard, dtype)
-    return _full_moments(g, x, nu, b2, eps1, guard, dtype)
+def _statistics(g, x, nu, b2, eps1, axes, guard, dtype) -> _Moments:
+    """The statistics pass: new ``R_t, C_t`` (or ``V_t``), ``sum U_t^2`` and ``sum X_{t-1}^2`` (if ``x``)."""
+    if axes is None:
+        return _full_moments(g, x, nu, b2, eps1, guard, dtype)
+    return _factored_moments(g, x, nu, b2, eps1, *axes, guard, dtype)
 
 
-def _axes_of(shape, nu: FactoredSecondMoment, factored_dims: str) -> tuple[int, int]:
-    """The factored axes of a leaf whose state is factored (the state decided it at init)."""
-    axes = factored_axes(shape, factored=True, factored_dims=factored_dims, min_dim_size_to_factor=1)
-    assert axes is not None  # checked against the state's shapes in _read_nu
-    return axes
-
-
-def _normalized(g, moments: _Moments, factored_dims, scale, guard, dtype):
+def _normalized(g, nu, axes, scale, guard, dtype):
     """``scale * G / sqrt(V_t)`` for one leaf, with the scalar ``scale`` folded into a vector.
 
     Factored: ``V_ij = r_i c_j / mean(r)``, so ``G / sqrt(V) = G * rsqrt(r_i / mean(r)) * rsqrt(c_j)``:
@@ -365,15 +358,63 @@ def _normalized(g, moments: _Moments, factored_dims, scale, guard, dtype):
     underflow to 0 in float32 when the gradient is 0.
     """
     g = g.astype(dtype)
-    nu = moments.nu
-    if isinstance(nu, FullSecondMoment):
+    if axes is None:
         return g * (scale * _rsqrt(nu.v, guard))
-    row, col = _axes_of(g.shape, nu, factored_dims)
+    row, col = axes
     row_in_r = row if row < col else row - 1
     mean_r = jnp.mean(nu.v_row, axis=row_in_r, keepdims=True)
     row_factor = scale * _rsqrt(nu.v_row * _inverse(mean_r, guard), guard)
     col_factor = _rsqrt(nu.v_col, guard)
     return g * jnp.expand_dims(row_factor, col) * jnp.expand_dims(col_factor, row)
+
+
+class _Config(NamedTuple):
+    """The options of one Adafactor step, fixed when the transformation is made."""
+
+    eps1: Any
+    eps2: Any
+    clipping_threshold: Any  # None: no update clipping
+    multiply_by_parameter_scale: bool
+    b1: Any  # None: no first moment
+    weight_decay_rate: Any  # None: no weight decay
+    guard: bool  # eps1 may be 0: divisions by statistics guarded
+
+
+def _adafactor_leaf(g, x, nu, m, *, axes, b2, lr, config: _Config, dtype):
+    """SPEC 5 for one tensor: ``(update, new statistics, new first moment)``, with ``X_t = X_{t-1} - update``.
+
+    ``axes`` are the leaf's factored axes (None: a full second moment), ``b2``
+    and ``lr`` the step's ``b2_t`` and ``rho_t`` (or learning rate) in
+    ``dtype``; ``x`` is the parameter (needed for the parameter scale and the
+    weight decay), ``m`` the first moment (with ``b1``)::
+
+        R_t, C_t (or V_t)                     # _statistics
+        alpha_t = max(eps2, RMS(X_{t-1})) * rho_t
+        U_t     = G_t / sqrt(V_t)
+        U_t     = U_t / max(1, RMS(U_t) / d)
+        update  = alpha_t * U_t                 # _normalized, the two scalars folded in
+        update  = b1 * M_{t-1} + (1 - b1) * update          (b1)
+        update  = update + weight_decay_rate * alpha_t * X_{t-1}   (weight decay)
+    """
+    x_for_scale = x if config.multiply_by_parameter_scale else None
+    moments = _statistics(g, x_for_scale, nu, b2, config.eps1, axes, config.guard, dtype)
+    alpha = lr
+    if config.multiply_by_parameter_scale:
+        alpha = lr * jnp.maximum(jnp.asarray(config.eps2, dtype), _rms(moments.sum_x2, g.size, dtype))
+    scale = alpha
+    if config.clipping_threshold is not None:
+        rms_u = _rms(moments.sum_u2, g.size, dtype)
+        d = jnp.asarray(config.clipping_threshold, dtype)
+        scale = alpha / jnp.maximum(jnp.asarray(1, dtype), rms_u / d)
+    update = _normalized(g, moments.nu, axes, scale, config.guard, dtype)
+    m_new = None
+    if config.b1 is not None:
+        b1 = jnp.asarray(config.b1, dtype)
+        update = b1 * m.astype(dtype) + (1 - b1) * update
+        m_new = update
+    if config.weight_decay_rate is not None:
+        update = update + (jnp.asarray(config.weight_decay_rate, dtype) * alpha) * x.astype(dtype)
+    return update, moments.nu, m_new
 
 
 def _b2(count, decay_rate, dtype):
@@ -382,23 +423,24 @@ def _b2(count, decay_rate, dtype):
     return 1 - t ** (-jnp.asarray(decay_rate, dtype))
 
 
-def _step_scalars(count, learning_rate, decay_rate, dtype):
-    """``(b2_t, lr_t)`` for the update with ``t = count + 1``, computed in ``dtype``.
+def _step_scalars(count, learning_rate, decay_rate):
+    """The step's ``(b2_t, lr_t)`` per dtype, for the update with ``t = count + 1``: computed once per step.
 
     ``lr_t`` is ``rho_t = min(1e-2, 1/sqrt(t))`` when ``learning_rate`` is None
-    (SPEC 5), ``schedule(count)`` for an Optax schedule (called with the number
-    of updates already made, as ``optax.scale_by_learning_rate`` calls it), or
-    the number itself.
+    (SPEC 5), ``schedule(count)`` for an Optax schedule (called once, with the
+    number of updates already made, as ``optax.scale_by_learning_rate`` calls
+    it), or the number itself. Returns ``dtype -> (b2_t, lr_t)``, memoized.
     """
-    t = count.astype(dtype) + 1
-    b2 = _b2(count, decay_rate, dtype)
-    if learning_rate is None:
-        lr = jnp.minimum(jnp.asarray(1e-2, dtype), 1 / jnp.sqrt(t))
-    elif callable(learning_rate):
-        lr = jnp.asarray(learning_rate(count)).astype(dtype)
-    else:
-        lr = jnp.asarray(learning_rate).astype(dtype)
-    return b2, lr
+    value = learning_rate(count) if callable(learning_rate) else learning_rate
+
+    def scalars(dtype):
+        b2 = _b2(count, decay_rate, dtype)
+        if value is None:
+            t = count.astype(dtype) + 1
+            return b2, jnp.minimum(jnp.asarray(1e-2, dtype), 1 / jnp.sqrt(t))
+        return b2, jnp.asarray(value).astype(dtype)
+
+    return per_dtype(scalars)
 
 
 def _rms(sum_sq, size, dtype):
@@ -406,40 +448,11 @@ def _rms(sum_sq, size, dtype):
 
 
 # ---------------------------------------------------------------------------
-# Validation
-
-
-def _check_factoring_args(factored, factored_dims, min_dim_size_to_factor):
-    if not isinstance(factored, (bool, np.bool_)):
-        raise TypeError(f"factored must be a bool, got {factored!r}")
-    if not isinstance(factored_dims, str) or factored_dims not in _FACTORED_DIMS:
-        raise ValueError(
-            f"factored_dims must be one of {list(_FACTORED_DIMS)!r} (the last two axes, or the "
-            f"two largest as Optax does), got {factored_dims!r}"
-        )
-    if isinstance(min_dim_size_to_factor, (bool, np.bool_)) or (
-        hasattr(min_dim_size_to_factor, "dtype")
-        and not jnp.issubdtype(min_dim_size_to_factor.dtype, jnp.integer)
-    ) or isinstance(min_dim_size_to_factor, float):
-        raise TypeError(f"min_dim_size_to_factor must be an integer, got {min_dim_size_to_factor!r}")
-    checks.check_scalar("min_dim_size_to_factor", min_dim_size_to_factor, low=1)
-
-
-def _concrete_min_dim(min_dim_size_to_factor) -> int:
-    """``min_dim_size_to_factor`` as an int at init, where it decides the state's structure."""
-    value = checks.concrete_float(min_dim_size_to_factor)
-    if value is None:
-        raise ValueError(
-            "min_dim_size_to_factor is a traced value here (optax.inject_hyperparams with init "
-            "under jax.jit or jax.eval_shape?), but it decides which leaves are factored, that is "
-            "the state's structure; pass it as static: "
-            "optax.inject_hyperparams(optkit.adafactor, static_args=('min_dim_size_to_factor',))"
-        )
-    return int(value)
+# State: building and reading it
 
 
 def _init_nu(params, factored, factored_dims, min_dim_size_to_factor, nu_dtype):
-    min_dim = _concrete_min_dim(min_dim_size_to_factor)
+    min_dim = checks.concrete_min_dim_size(min_dim_size_to_factor)
 
     def leaf(p):
         # A Flax box (nnx.Param, nn.Partitioned) is unwrapped, and each statistic is
@@ -538,6 +551,33 @@ def _read_nu(nu, updates, factored_dims, transformation, name="state.nu"):
     return nodes, write
 
 
+def _step(grads, nodes, xs, mus, scalars, config: _Config, factored_dims: str):
+    """One step over the leaves: ``(updates, new statistics nodes, new first moments)``, each a list.
+
+    A leaf's factored axes are found once here (the state decided them at
+    init); its arithmetic runs in the promotion of its gradient's, statistics',
+    parameter's and first moment's dtypes with float32, and every result is
+    stored back in its own dtype (updates in the parameter's, or the
+    gradient's without params).
+    """
+    new_updates, new_nu, new_mu = [], [], []
+    for g, node, x, m in zip(grads, nodes, xs, mus):
+        g = jnp.asarray(g)
+        x = None if x is None else jnp.asarray(x)
+        dtype = compute_dtype(g.dtype, *(leaf.dtype for leaf in node), None if x is None else x.dtype,
+                              None if m is None else m.dtype)
+        axes = None
+        if isinstance(node, FactoredSecondMoment):
+            axes = factored_axes(g.shape, factored=True, factored_dims=factored_dims, min_dim_size_to_factor=1)
+        b2, lr = scalars(dtype)
+        update, nu, m_new = _adafactor_leaf(g, x, node, m, axes=axes, b2=b2, lr=lr, config=config, dtype=dtype)
+        new_updates.append(update.astype(g.dtype if x is None else x.dtype))
+        new_nu.append(type(node)(*(a.astype(b.dtype) for a, b in zip(nu, node))))
+        if m_new is not None:
+            new_mu.append(m_new.astype(m.dtype))
+    return new_updates, new_nu, new_mu
+
+
 # ---------------------------------------------------------------------------
 # 3. Transformations
 
@@ -610,9 +650,12 @@ def scale_by_factored_rms(
     """
     checks.check_scalar("decay_rate", decay_rate, low=0.0, low_open=True)
     checks.check_scalar("eps1", eps1, low=0.0)
-    _check_factoring_args(factored, factored_dims, min_dim_size_to_factor)
+    checks.check_factoring(factored, factored_dims, min_dim_size_to_factor, _FACTORED_DIMS)
     nu_dtype = checks.check_dtype("nu_dtype", nu_dtype)
     guard = not checks.is_concrete_positive(eps1)
+
+    config = _Config(eps1=eps1, eps2=None, clipping_threshold=None, multiply_by_parameter_scale=False, b1=None,
+                     weight_decay_rate=None, guard=guard)
 
     def init_fn(params):
         flat.refuse_flat(params, "scale_by_factored_rms")
@@ -628,15 +671,11 @@ def scale_by_factored_rms(
         checks.check_floating(updates, "updates")
         nodes, write_nu = _read_nu(state.nu, updates, factored_dims, "scale_by_factored_rms")
         treedef = jax.tree.structure(updates)
-        new_updates, new_nu = [], []
-        for g, node in zip(treedef.flatten_up_to(updates), nodes):
-            g = jnp.asarray(g)
-            dtype = compute_dtype(g.dtype, *(leaf.dtype for leaf in node))
-            b2 = _b2(state.count, decay_rate, dtype)
-            moments = _moments(g, None, node, b2, eps1, factored_dims, guard, dtype)
-            u = _normalized(g, moments, factored_dims, jnp.asarray(1, dtype), guard, dtype)
-            new_updates.append(u.astype(g.dtype))
-            new_nu.append(type(node)(*(a.astype(b.dtype) for a, b in zip(moments.nu, node))))
+        grads = treedef.flatten_up_to(updates)
+        # U_t alone: the Adafactor step with a unit step size, no parameter scale, no clipping.
+        scalars = _step_scalars(state.count, 1, decay_rate)
+        new_updates, new_nu, _ = _step(grads, nodes, [None] * len(grads), [None] * len(grads), scalars, config,
+                                       factored_dims)
         count = optax.safe_increment(state.count)
         return treedef.unflatten(new_updates), ScaleByFactoredRmsState(count, write_nu(new_nu))
 
@@ -718,7 +757,7 @@ def scale_by_adafactor(
     checks.check_scalar("clipping_threshold", clipping_threshold, low=0.0, low_open=True, allow_none=True)
     if not isinstance(multiply_by_parameter_scale, (bool, np.bool_)):
         raise TypeError(f"multiply_by_parameter_scale must be a bool, got {multiply_by_parameter_scale!r}")
-    _check_factoring_args(factored, factored_dims, min_dim_size_to_factor)
+    checks.check_factoring(factored, factored_dims, min_dim_size_to_factor, _FACTORED_DIMS)
     checks.check_scalar("weight_decay_rate", weight_decay_rate, low=0.0, allow_none=True)
     mu_dtype = checks.check_dtype("mu_dtype", mu_dtype)
     nu_dtype = checks.check_dtype("nu_dtype", nu_dtype)
@@ -730,6 +769,9 @@ def scale_by_adafactor(
         params_reason = "multiply_by_parameter_scale=True (the step size max(eps2, RMS(X)) * rho_t)"
     else:
         params_reason = decay_reason
+    config = _Config(eps1=eps1, eps2=eps2, clipping_threshold=clipping_threshold,
+                     multiply_by_parameter_scale=bool(multiply_by_parameter_scale), b1=b1,
+                     weight_decay_rate=None if decay_reason is None else weight_decay_rate, guard=guard)
 
     def init_fn(params):
         flat.refuse_flat(params, "scale_by_adafactor")
@@ -757,35 +799,8 @@ def scale_by_adafactor(
         grads = treedef.flatten_up_to(updates)
         xs = [None] * len(grads) if params is None else treedef.flatten_up_to(params)
         mus = [None] * len(grads) if b1 is None else treedef.flatten_up_to(state.mu)
-        new_updates, new_nu, new_mu = [], [], []
-        for g, node, x, m in zip(grads, nodes, xs, mus):
-            g = jnp.asarray(g)
-            x = None if x is None else jnp.asarray(x)
-            dtypes = [g.dtype, *(leaf.dtype for leaf in node)]
-            dtypes += [] if x is None else [x.dtype]
-            dtypes += [] if m is None else [m.dtype]
-            dtype = compute_dtype(*dtypes)
-            b2, lr = _step_scalars(state.count, learning_rate, decay_rate, dtype)
-            x_for_scale = x if multiply_by_parameter_scale else None
-            moments = _moments(g, x_for_scale, node, b2, eps1, factored_dims, guard, dtype)
-            alpha = lr
-            if multiply_by_parameter_scale:
-                alpha = lr * jnp.maximum(jnp.asarray(eps2, dtype), _rms(moments.sum_x2, g.size, dtype))
-            scale = alpha
-            if clipping_threshold is not None:
-                rms_u = _rms(moments.sum_u2, g.size, dtype)
-                d = jnp.asarray(clipping_threshold, dtype)
-                scale = alpha / jnp.maximum(jnp.asarray(1, dtype), rms_u / d)
-            update = _normalized(g, moments, factored_dims, scale, guard, dtype)
-            if b1 is not None:
-                b1_ = jnp.asarray(b1, dtype)
-                update = b1_ * m.astype(dtype) + (1 - b1_) * update
-                new_mu.append(update.astype(m.dtype))
-            if decay_reason is not None:
-                update = update + (jnp.asarray(weight_decay_rate, dtype) * alpha) * x.astype(dtype)
-            out_dtype = g.dtype if x is None else x.dtype
-            new_updates.append(update.astype(out_dtype))
-            new_nu.append(type(node)(*(a.astype(b.dtype) for a, b in zip(moments.nu, node))))
+        scalars = _step_scalars(state.count, learning_rate, decay_rate)
+        new_updates, new_nu, new_mu = _step(grads, nodes, xs, mus, scalars, config, factored_dims)
         count = optax.safe_increment(state.count)
         mu = None if b1 is None else treedef.unflatten(new_mu)
         return treedef.unflatten(new_updates), ScaleByAdafactorState(count, write_nu(new_nu), mu)

@@ -28,6 +28,8 @@ from optkit._src.numerics import compute_dtype, map_leaves, per_dtype
 
 __all__ = ["ScaleByOnnxMomentumState", "OnnxMomentumOutputs", "onnx_momentum", "scale_by_onnx_momentum", "momentum"]
 
+MODES = ("standard", "nesterov")  # ONNX Momentum's ``mode``: ``nesterov=False`` / ``True``
+
 
 # ---------------------------------------------------------------------------
 # The formula
@@ -113,8 +115,7 @@ def onnx_momentum(
     """
     checks.check_scalar("alpha", alpha, low=0.0)
     checks.check_scalar("beta", beta, low=0.0)
-    if mode not in ("standard", "nesterov"):
-        raise ValueError(f"mode must be 'standard' or 'nesterov', got {mode!r}")
+    checks.check_choice("mode", mode, MODES)
     checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0)
     R = checks.check_rate_scalar("R", R)
     T = checks.check_step_count("T", T)

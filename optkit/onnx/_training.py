@@ -113,6 +113,8 @@ def _adam(ctx: NodeContext):
 def _momentum(ctx: NodeContext):
     """SPEC 4: inputs R, T, X..., G..., V...; outputs X_new..., V_new...; all attributes required."""
     n = _count_tensors(ctx, ("X", "G", "V"), ("X_new", "V_new"))
+    if ctx.attrs["mode"] not in ("standard", "nesterov"):  # ONNX's text form of the op's choice
+        raise ctx.error(f"attribute mode must be 'standard' or 'nesterov', got {ctx.attrs['mode']!r}")
     run = _operator(ctx, optkit.ops.onnx_momentum, 3, n,
                     _attributes(ctx, ("alpha", "beta", "mode", "norm_coefficient")))
     return _outputs(run, ("X_new", "V_new"))
