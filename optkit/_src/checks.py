@@ -44,6 +44,7 @@ __all__ = [
     "concrete_min_dim_size",
     "check_names",
     "check_gradient_names",
+    "check_gradient_node",
     "check_differentiable",
     "check_target",
     "check_feed",
@@ -611,6 +612,35 @@ def check_gradient_names(xs: Any, zs: Any, y: Any, *, y_required: bool) -> tuple
     elif not isinstance(y, str) or not y:
         raise TypeError(f"y must be a non-empty tensor name, got {y!r}")
     return xs, zs, y
+
+
+def check_gradient_node(xs: Any, zs: Any, y: Any, inputs: Any, outputs: Any) -> tuple:
+    """A Gradient node's attributes, inputs (default ``xs + zs``) and outputs (default ``d{y}/d{x}``).
+
+    Returns ``(xs, zs, y, inputs, outputs)`` as tuples of names. The same tensor
+    may be fed for two names, so repeated inputs are allowed; ``""`` marks an
+    output not produced.
+
+    Raises:
+      TypeError, ValueError: as :func:`check_gradient_names`; an absent input, or
+        a count of inputs or outputs that does not fit ``xs + zs`` and ``xs``.
+    """
+    xs, zs, y = check_gradient_names(xs, zs, y, y_required=True)
+    fed = xs + zs if inputs is None else check_names("inputs", inputs, allow_absent=True)
+    if "" in fed:
+        raise ValueError(f"a Gradient node needs a value for every tensor of xs + zs; "
+                         f"inputs {list(fed)} has an absent ('') entry")
+    if len(fed) != len(xs) + len(zs):
+        raise ValueError(f"a Gradient node is fed one value per tensor of xs + zs = "
+                         f"{list(xs + zs)}, so it needs {len(xs) + len(zs)} inputs, "
+                         f"got {len(fed)}: {list(fed)}")
+    if outputs is None:
+        outputs = tuple(f"d{y}/d{x}" for x in xs)
+    outputs = check_names("outputs", outputs, allow_absent=True)
+    if len(outputs) != len(xs):
+        raise ValueError(f"a Gradient node has one output per tensor of xs = {list(xs)}, "
+                         f"got {len(outputs)}: {list(outputs)} (use '' to skip one)")
+    return xs, zs, y, fed, outputs
 
 
 def check_differentiable(name: str, value: Any) -> None:

@@ -17,107 +17,15 @@ higher derivatives (nested ``jax.vjp``).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jax.numpy as jnp
-
-from optkit._src.checks import check_differentiable, check_feed, check_gradient_names, check_names, check_shape
-from optkit._src.gradient import differentiate
+from optkit._src.checks import check_gradient_node, check_names
+from optkit._src.graph_analysis import GraphAnalysis
+from optkit._src.graph_nodes import GradientNode, GraphNode, Node, Tensors
+from optkit._src.graph_run import GraphRunner
 
 __all__ = ["Graph", "GraphNode", "GradientNode"]
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class GraphNode:
-    """A node ``outputs <- fn(inputs)`` of a :class:`Graph`; made by :meth:`Graph.add`.
-
-    Attributes:
-      fn: a JAX-traceable callable. With ``keywords=None`` it is called with
-        the input tensors positionally, else as ``fn(**dict(zip(keywords, values)))``.
-        An absent optional input (name ``""``) is passed as None.
-      inputs: names of the tensors read, in call order; ``""`` is an absent input.
-      outputs: names of the tensors produced; ``""`` is an output not produced.
-      name: the node's name, used in error messages.
-      keywords: the keyword for each input, or None for positional calls.
-    """
-
-    fn: Callable[..., Any] = dataclasses.field(repr=False)
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    name: str
-    keywords: tuple[str, ...] | None = dataclasses.field(default=None, repr=False)
-
-    def __call__(self, values: Sequence[Any]) -> tuple[Any, ...]:
-        """Run ``fn`` on the input values; return one value per output name."""
-        if self.keywords is None:
-            out = self.fn(*values)
-        else:
-            out = self.fn(**dict(zip(self.keywords, values, strict=True)))
-        if len(self.outputs) == 1:
-            return (out,)
-        if isinstance(out, Mapping):
-            missing = [o for o in self.outputs if o and o not in out]
-            if missing:
-                raise ValueError(f"node {self.name!r} returned the tensors {list(out)}, "
-                                 f"without its output {missing[0]!r}")
-            return tuple(out[o] if o else None for o in self.outputs)
-        if not isinstance(out, (tuple, list)) or len(out) != len(self.outputs):
-            got = (f"{len(out)} values" if isinstance(out, (tuple, list))
-                   else f"one {type(out).__name__}")
-            raise ValueError(f"node {self.name!r} has {len(self.outputs)} outputs "
-                             f"{list(self.outputs)} but its function returned {got}; return "
-                             f"a tuple with one value per output or a mapping from output names")
-        return tuple(out)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class GradientNode:
-    """An ONNX Gradient node of a :class:`Graph`; made by :meth:`Graph.add_gradient`.
-
-    Attributes:
-      xs, zs, y: the ONNX attributes: the differentiated inputs, the fixed
-        inputs, and the target tensor of the sub-graph (SPEC 6).
-      inputs: names of the tensors fed for ``xs + zs`` (in that order); the
-        gradient is taken at their values.
-      outputs: one name per ``xs``: output i is ``dy/d(xs[i])``; ``""`` is not produced.
-      name: the node's name, used in error messages.
-    """
-
-    xs: tuple[str, ...]
-    zs: tuple[str, ...]
-    y: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    name: str
-
-
-Node = GraphNode | GradientNode
-
-
-@dataclasses.dataclass(frozen=True)
-class _InputSpec:
-    shape: tuple[int | None, ...] | None
-    dtype: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class _GradientPlan:
-    nodes: tuple[Node, ...]  # the cut sub-graph from xs + zs to y, in evaluation order
-    leaves: tuple[str, ...]  # initializers the sub-graph reads besides xs + zs
-
-
-@dataclasses.dataclass(frozen=True)
-class _Analysis:
-    order: tuple[Node, ...]
-    deps: dict[Node, tuple[str, ...]]
-    gradients: dict[GradientNode, _GradientPlan]
-
-
-def _name_of(node: Node) -> str:
-    kind = "Gradient node" if isinstance(node, GradientNode) else "node"
-    return f"{kind} {node.name!r}"
 
 
 class Graph:
@@ -174,57 +82,26 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         outputs: Sequence[str] | None = None,
         initializers: Mapping[str, Any] | None = None,
     ) -> None:
-        self._inputs: dict[str, _InputSpec] = {}
-        self._initializers: dict[str, Any] = {}
-        self._nodes: list[Node] = []
-        self._producer: dict[str, Node] = {}
+        self._tensors = Tensors()
         self._outputs: tuple[str, ...] | None = None
-        self._analysis: _Analysis | None = None
-        self._plans: dict[tuple[tuple[str, ...], frozenset[str]], tuple[Node, ...]] = {}
-        if isinstance(inputs, Mapping):
-            for name, spec in inputs.items():
-                if spec is None:
-                    self.add_input(name)
-                elif hasattr(spec, "shape") and hasattr(spec, "dtype"):
-                    self.add_input(name, spec.shape, spec.dtype)
-                elif isinstance(spec, (tuple, list)) and len(spec) == 2:
-                    shape, dtype = spec
-                    self.add_input(name, shape, dtype)
-                else:
-                    raise TypeError(f"graph input {name!r}: expected None, a (shape, dtype) pair or "
-                                    f"an object with .shape and .dtype (jax.ShapeDtypeStruct), "
-                                    f"got {spec!r}")
-        else:
-            for name in check_names("inputs", inputs):
-                self.add_input(name)
-        if initializers is not None and not isinstance(initializers, Mapping):
-            raise TypeError(f"initializers must be a mapping from tensor names to constant "
-                            f"tensors, got {type(initializers).__name__}")
-        for name, value in (initializers or {}).items():
-            self.add_initializer(name, value)
+        self._runner: GraphRunner | None = None  # the analysis and runner of this version of the graph
+        self._tensors.add_inputs(inputs)
+        self._tensors.add_initializers(initializers)
         if outputs is not None:
             self.outputs = outputs
 
     # ----------------------------------------------------------------- building
 
     def _changed(self) -> None:
-        self._analysis = None
-        self._plans.clear()
+        self._runner = None
 
-    def _claim(self, name: str, what: str, *, input_and_initializer: bool = False) -> None:
-        """Refuse a second definition of ``name``, naming the first. A graph input may
-        also be an initializer (its default) when ``input_and_initializer``."""
-        if not isinstance(name, str):
-            raise TypeError(f"{what} name must be a non-empty string, got {name!r}")
-        if not name:
-            raise ValueError(f"{what} name must be a non-empty string, got ''")
-        if name in self._producer:
-            raise ValueError(f"tensor {name!r} ({what}) is already the output of "
-                             f"{_name_of(self._producer[name])}")
-        if name in self._inputs and not (input_and_initializer and what == "initializer"):
-            raise ValueError(f"tensor {name!r} ({what}) is already a graph input")
-        if name in self._initializers and not (input_and_initializer and what == "graph input"):
-            raise ValueError(f"tensor {name!r} ({what}) is already an initializer")
+    def _analyzed(self) -> GraphRunner:
+        """The runner of the graph as it is now (analysed once per version; raises if invalid)."""
+        if self._runner is None:
+            t = self._tensors
+            self._runner = GraphRunner(GraphAnalysis(t.nodes, t.producer, t.inputs, t.initializers, self._outputs),
+                                       t.producer)
+        return self._runner
 
     def add_input(
         self, name: str, shape: Sequence[int | None] | None = None, dtype: Any = None
@@ -243,16 +120,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
           TypeError: ``shape`` is not a sequence of integers and None, or
             ``dtype`` is not a dtype.
         """
-        self._claim(name, "graph input", input_and_initializer=True)
-        if shape is not None:
-            shape = check_shape(f"graph input {name!r}: shape", shape, allow_none=True)
-        if dtype is not None:
-            try:
-                dtype = jnp.dtype(dtype)
-            except TypeError:
-                raise TypeError(f"graph input {name!r}: dtype must be a NumPy/JAX dtype, "
-                                f"got {dtype!r}") from None
-        self._inputs[name] = _InputSpec(shape, dtype)
+        self._tensors.add_input(name, shape, dtype)
         self._changed()
 
     def add_initializer(self, name: str, value: Any) -> None:
@@ -264,18 +132,11 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         Raises:
           ValueError: ``name`` is already an initializer or a node output.
         """
-        self._claim(name, "initializer", input_and_initializer=True)
-        self._initializers[name] = value
+        self._tensors.add_initializer(name, value)
         self._changed()
 
     def _append(self, node: Node) -> Node:
-        named = [out for out in node.outputs if out]
-        for out in named:
-            if named.count(out) > 1:
-                raise ValueError(f"{_name_of(node)} names the output {out!r} twice")
-            self._claim(out, f"output of {_name_of(node)}")
-        self._nodes.append(node)
-        self._producer.update((out, node) for out in named)
+        self._tensors.append(node)
         self._changed()
         return node
 
@@ -319,7 +180,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         if not outputs:
             raise ValueError("outputs must name at least one tensor")
         if name is None:
-            name = f"{getattr(fn, '__name__', 'node')}#{len(self._nodes)}"
+            name = f"{getattr(fn, '__name__', 'node')}#{len(self._tensors.nodes)}"
         return self._append(GraphNode(fn, inputs, outputs, str(name), keywords))
 
     def add_gradient(
@@ -365,24 +226,9 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
             independent or not determining ``y``, cycles) are raised by
             :meth:`validate`, and so by evaluation.
         """
-        xs, zs, y = check_gradient_names(xs, zs, y, y_required=True)
-        # The same tensor may be fed for two names, so repeats are allowed.
-        fed = xs + zs if inputs is None else check_names("inputs", inputs, allow_absent=True)
-        if "" in fed:
-            raise ValueError(f"a Gradient node needs a value for every tensor of xs + zs; "
-                             f"inputs {list(fed)} has an absent ('') entry")
-        if len(fed) != len(xs) + len(zs):
-            raise ValueError(f"a Gradient node is fed one value per tensor of xs + zs = "
-                             f"{list(xs + zs)}, so it needs {len(xs) + len(zs)} inputs, "
-                             f"got {len(fed)}: {list(fed)}")
-        if outputs is None:
-            outputs = tuple(f"d{y}/d{x}" for x in xs)
-        outputs = check_names("outputs", outputs, allow_absent=True)
-        if len(outputs) != len(xs):
-            raise ValueError(f"a Gradient node has one output per tensor of xs = {list(xs)}, "
-                             f"got {len(outputs)}: {list(outputs)} (use '' to skip one)")
+        xs, zs, y, fed, outputs = check_gradient_node(xs, zs, y, inputs, outputs)
         if name is None:
-            name = f"Gradient#{len(self._nodes)}"
+            name = f"Gradient#{len(self._tensors.nodes)}"
         return self._append(GradientNode(xs, zs, y, fed, outputs, str(name)))
 
     # ------------------------------------------------------------ introspection
@@ -390,38 +236,37 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
     @property
     def inputs(self) -> tuple[str, ...]:
         """The graph input names, in declaration order."""
-        return tuple(self._inputs)
+        return tuple(self._tensors.inputs)
 
     @property
     def initializers(self) -> Mapping[str, Any]:
         """The constant tensors, by name (a read-only view)."""
-        return _ReadOnly(self._initializers)
+        return _ReadOnly(self._tensors.initializers)
 
     @property
     def nodes(self) -> tuple[Node, ...]:
         """The nodes, in the order they were added."""
-        return tuple(self._nodes)
+        return tuple(self._tensors.nodes)
 
     @property
     def outputs(self) -> tuple[str, ...]:
         """The graph outputs: the declared ones, else every node output no node reads."""
         if self._outputs is not None:
             return self._outputs
-        read = {n for node in self._nodes for n in node.inputs}
-        return tuple(o for node in self._nodes for o in node.outputs if o and o not in read)
+        nodes = self._tensors.nodes
+        read = {n for node in nodes for n in node.inputs}
+        return tuple(o for node in nodes for o in node.outputs if o and o not in read)
 
     @outputs.setter
     def outputs(self, names: Sequence[str]) -> None:
         self._outputs = check_names("outputs", names)
 
     def __repr__(self) -> str:
-        return (f"Graph(inputs={list(self._inputs)}, initializers={list(self._initializers)}, "
-                f"nodes={[n.name for n in self._nodes]}, outputs={list(self.outputs)})")
+        t = self._tensors
+        return (f"Graph(inputs={list(t.inputs)}, initializers={list(t.initializers)}, "
+                f"nodes={[n.name for n in t.nodes]}, outputs={list(self.outputs)})")
 
     # --------------------------------------------------------------- validation
-
-    def _defined(self, name: str) -> bool:
-        return name in self._producer or name in self._inputs or name in self._initializers
 
     def validate(self) -> None:
         """Check the whole graph; every evaluation calls this (cached until the graph changes).
@@ -434,212 +279,20 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
             do not determine ``y`` (the cut sub-graph reads a graph input not
             in ``xs + zs``); a Gradient differentiated through itself.
         """
-        self._analyze()
-
-    def _analyze(self) -> _Analysis:
-        if self._analysis is not None:
-            return self._analysis
-        for node in self._nodes:
-            if isinstance(node, GradientNode):
-                if not self._defined(node.y):
-                    raise ValueError(f"{_name_of(node)}: y {node.y!r} is never computed by the "
-                                     f"graph (not a graph input, initializer or node output)")
-                for attr, names in (("xs", node.xs), ("zs", node.zs)):
-                    for name in names:
-                        if not self._defined(name):
-                            raise ValueError(
-                                f"{_name_of(node)}: {name!r} in {attr} is not a graph input, "
-                                f"an initializer or an intermediate tensor of the graph")
-            for name in node.inputs:
-                if name and not self._defined(name):
-                    raise ValueError(f"{_name_of(node)} reads the tensor {name!r}, which is not "
-                                     f"a graph input, an initializer or any node's output")
-        for name in self._outputs or ():
-            if not self._defined(name):
-                raise ValueError(f"graph output {name!r} is not a graph input, an initializer "
-                                 f"or any node's output")
-
-        deps: dict[Node, tuple[str, ...]] = {}
-        cuts: dict[GradientNode, tuple[frozenset[Node], tuple[str, ...]]] = {}
-        in_progress: list[GradientNode] = []
-
-        def node_deps(node: Node) -> tuple[str, ...]:
-            if node not in deps:
-                names = tuple(n for n in node.inputs if n)
-                if isinstance(node, GradientNode):
-                    names += cut(node)[1]
-                deps[node] = names
-            return deps[node]
-
-        def cut(grad: GradientNode) -> tuple[frozenset[Node], tuple[str, ...]]:
-            if grad in cuts:
-                return cuts[grad]
-            if grad in in_progress:
-                chain = " -> ".join(repr(g.name) for g in in_progress[in_progress.index(grad):])
-                raise ValueError(f"cycle: {_name_of(grad)} differentiates through its own "
-                                 f"output (Gradient nodes {chain} -> {grad.name!r})")
-            in_progress.append(grad)
-            nodes, leaves = self._walk_back([grad.y], set(grad.xs) | set(grad.zs), node_deps)
-            for name in leaves:
-                if name not in self._initializers:
-                    raise ValueError(
-                        f"{_name_of(grad)}: y {grad.y!r} depends on the graph input {name!r}, "
-                        f"which is in neither xs {list(grad.xs)} nor zs {list(grad.zs)}; xs "
-                        f"and zs must determine y (SPEC 6): add {name!r} to zs")
-            in_progress.pop()
-            cuts[grad] = (frozenset(nodes), leaves)
-            return cuts[grad]
-
-        for node in self._nodes:
-            node_deps(node)
-        order = self._topological_order(deps)
-        position = {node: i for i, node in enumerate(order)}
-        gradients = {
-            grad: _GradientPlan(tuple(sorted(nodes, key=position.__getitem__)), leaves)
-            for grad, (nodes, leaves) in cuts.items()
-        }
-        for grad in gradients:
-            self._check_independent(grad, deps)
-        self._analysis = _Analysis(order, deps, gradients)
-        return self._analysis
-
-    def _topological_order(self, deps: Mapping[Node, tuple[str, ...]]) -> tuple[Node, ...]:
-        """Nodes in dependency order, ties broken by insertion order; iterative DFS,
-        since graphs loaded from ONNX can be deeper than Python's recursion limit."""
-        order: list[Node] = []
-        state: dict[Node, int] = {}  # 1: on the DFS path, 2: done
-        for root in self._nodes:
-            if state.get(root) == 2:
-                continue
-            path: list[tuple[Node, Iterable[str]]] = [(root, iter(deps[root]))]
-            state[root] = 1
-            while path:
-                node, pending = path[-1]
-                for name in pending:
-                    producer = self._producer.get(name)
-                    if producer is None or state.get(producer) == 2:
-                        continue
-                    if state.get(producer) == 1:
-                        on_path = [n for n, _ in path]
-                        cycle = on_path[on_path.index(producer):] + [producer]
-                        text = " -> ".join(repr(n.name) for n in reversed(cycle))
-                        raise ValueError(f"the graph has a cycle through tensor {name!r}: "
-                                         f"nodes {text}, each feeding the next")
-                    state[producer] = 1
-                    path.append((producer, iter(deps[producer])))
-                    break
-                else:
-                    path.pop()
-                    state[node] = 2
-                    order.append(node)
-        return tuple(order)
-
-    def _check_independent(self, grad: GradientNode, deps: Mapping[Node, tuple[str, ...]]) -> None:
-        listed = {name: "xs" for name in grad.xs} | {name: "zs" for name in grad.zs}
-        for name in listed:
-            if name not in self._producer:
-                continue
-            direct = deps[self._producer[name]]
-            nodes, _ = self._walk_back(direct, (), deps.__getitem__)
-            ancestors = set(direct).union(*(deps[node] for node in nodes))
-            for ancestor in listed:
-                if ancestor in ancestors:
-                    raise ValueError(
-                        f"{_name_of(grad)}: xs and zs must be independent (SPEC 6), but "
-                        f"{name!r} (in {listed[name]}) is computed from {ancestor!r} (in "
-                        f"{listed[ancestor]}); drop one of them")
-
-    def _walk_back(
-        self,
-        targets: Iterable[str],
-        stop: Collection[str],
-        deps: Callable[[Node], Iterable[str]],
-    ) -> tuple[set[Node], tuple[str, ...]]:
-        """The nodes that compute ``targets`` when the graph is cut at ``stop``, and the
-        tensors outside ``stop`` that no node produces (graph inputs, initializers)."""
-        nodes: set[Node] = set()
-        leaves: set[str] = set()
-        seen: set[str] = set()
-        stack = list(targets)
-        while stack:
-            name = stack.pop()
-            if name in seen or name in stop:
-                continue
-            seen.add(name)
-            producer = self._producer.get(name)
-            if producer is None:
-                leaves.add(name)
-            elif producer not in nodes:
-                nodes.add(producer)
-                stack.extend(deps(producer))
-        return nodes, tuple(sorted(leaves))
+        self._analyzed()
 
     # --------------------------------------------------------------- evaluation
 
-    def _plan(self, targets: tuple[str, ...], known: frozenset[str]) -> tuple[Node, ...]:
-        """The nodes that compute ``targets`` from the ``known`` tensors, in order."""
-        key = (targets, known)
-        if key in self._plans:
-            return self._plans[key]
-        analysis = self._analyze()
-        needed, missing = self._walk_back(targets, known, analysis.deps.__getitem__)
-        if missing:
-            # Undefined names were refused already; what is left is an input not fed.
-            raise ValueError(f"graph input {missing[0]!r} is needed for the outputs "
-                             f"{list(targets)} but was not fed")
-        plan = tuple(node for node in analysis.order if node in needed)
-        self._plans[key] = plan
-        return plan
-
-    def _run(self, plan: Iterable[Node], env: dict[str, Any]) -> None:
-        """Evaluate ``plan`` in order, adding every produced tensor to ``env``."""
-        for node in plan:
-            values = [env[name] if name else None for name in node.inputs]
-            if isinstance(node, GradientNode):
-                results = self._run_gradient(node, values, env)
-            else:
-                results = node(values)
-            for name, value in zip(node.outputs, results, strict=True):
-                if name:
-                    env[name] = value
-
-    def _run_gradient(
-        self, node: GradientNode, fed: Sequence[Any], env: Mapping[str, Any]
-    ) -> tuple[Any, ...]:
-        sub = self._analyze().gradients[node]
-        base = {leaf: env[leaf] for leaf in sub.leaves}
-        base.update(zip(node.xs + node.zs, fed, strict=True))
-        # Only the xs whose gradient is asked for are differentiated (differentiate
-        # checks their dtypes); the rest are held fixed like zs, which gives the same
-        # numbers with less work, but must still be floating point (SPEC 6).
-        wanted = [i for i, out in enumerate(node.outputs) if out]
-        for i, x in enumerate(node.xs):
-            if i not in wanted:
-                check_differentiable(x, fed[i])
-        wanted_xs = tuple(node.xs[i] for i in wanted)
-
-        def target(x_values: tuple[Any, ...]) -> Any:
-            local = dict(base)
-            local.update(zip(wanted_xs, x_values, strict=True))
-            self._run(sub.nodes, local)
-            return local[node.y]
-
-        grads = differentiate(target, wanted_xs, tuple(fed[i] for i in wanted), node.y)
-        results: list[Any] = [None] * len(node.xs)
-        for i, g in zip(wanted, grads, strict=True):
-            results[i] = g
-        return tuple(results)
-
-    def _check_feed(self, name: str, value: Any) -> None:
-        spec = self._inputs.get(name)
-        if spec is None:
-            if name in self._initializers:
-                return
-            if name in self._producer:
-                raise ValueError(f"feed {name!r} is the output of {_name_of(self._producer[name])}"
-                                 f"; only graph inputs and initializers can be fed")
-            raise ValueError(f"feed {name!r} is not a graph input (inputs: {list(self._inputs)})")
-        check_feed(name, value, spec.shape, spec.dtype)
+    def _requested(self, outputs: str | Sequence[str] | None) -> tuple[tuple[str, ...], bool]:
+        """The output names asked for (default :attr:`outputs`), each defined; and whether one name was."""
+        single = isinstance(outputs, str)
+        names = (outputs,) if single else check_names("outputs", self.outputs if outputs is None else outputs)
+        self._analyzed()
+        for name in names:
+            if not self._tensors.defined(name):
+                raise ValueError(f"output {name!r} is not a graph input, an initializer or "
+                                 f"any node's output")
+        return names, single
 
     def evaluate(
         self, feeds: Mapping[str, Any], outputs: str | Sequence[str] | None = None
@@ -666,20 +319,13 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         if not isinstance(feeds, Mapping):
             raise TypeError(f"feeds must be a mapping from tensor names to values, got "
                             f"{type(feeds).__name__}; as_function() takes positional values")
-        single = isinstance(outputs, str)
-        if outputs is None:
-            outputs = self.outputs
-        names = (outputs,) if single else check_names("outputs", outputs)
-        self._analyze()
-        for name in names:
-            if not self._defined(name):
-                raise ValueError(f"output {name!r} is not a graph input, an initializer or "
-                                 f"any node's output")
+        names, single = self._requested(outputs)
         for name, value in feeds.items():
-            self._check_feed(name, value)
-        env = dict(self._initializers)
+            self._tensors.check_feed(name, value)
+        runner = self._analyzed()
+        env = dict(self._tensors.initializers)
         env.update(feeds)
-        self._run(self._plan(names, frozenset(env)), env)
+        runner.run(runner.plan(names, frozenset(env)), env)
         return env[names[0]] if single else {name: env[name] for name in names}
 
     def as_function(
@@ -708,18 +354,9 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
             at call time for values; also a wrong number of values.
         """
         inputs = self.inputs if inputs is None else check_names("inputs", inputs)
-        single = isinstance(outputs, str)
-        if outputs is None:
-            outputs = self.outputs
-        names = (outputs,) if single else check_names("outputs", outputs)
         for name in inputs:
-            if name not in self._inputs and name not in self._initializers:
-                self._check_feed(name, None)  # raises, naming the tensor
-        self._analyze()
-        for name in names:
-            if not self._defined(name):
-                raise ValueError(f"output {name!r} is not a graph input, an initializer or "
-                                 f"any node's output")
+            self._tensors.check_feed(name, None)  # a name that cannot be fed raises, naming it
+        names, single = self._requested(outputs)
 
         def graph_function(*values: Any) -> Any:
             if len(values) != len(inputs):
