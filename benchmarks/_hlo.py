@@ -49,6 +49,48 @@ def full_array_traffic(hlo: str, size: int) -> dict[str, int]:
     return {"kernels": kernels, "reads": reads, "writes": writes}
 
 
+def tree_traffic(hlo: str, sizes) -> dict[str, int]:
+    """Bytes that the top-level kernels of ``hlo`` read and write in arrays of the given element counts.
+
+    For a program over a tree of parameters: ``sizes`` are the element counts
+    of its large leaves (count only those, so that the small statistics
+    vectors of the same lengths as small leaves are not mistaken for them).
+    An operand of one of these sizes is a read of its bytes, a result one
+    write; a ``while`` loop carrying one reads it once. Returns
+    ``{"kernels", "read_bytes", "written_bytes"}``.
+    """
+    sizes = set(sizes)
+    itemsize = {"f64": 8, "s64": 8, "u64": 8, "c64": 8, "f32": 4, "s32": 4, "u32": 4,
+                "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "s8": 1, "u8": 1, "pred": 1}
+
+    def count(type_text: str) -> int:
+        total = 0
+        for dtype, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", type_text):
+            n = int(np.prod([int(x) for x in dims.split(",") if x] or [1]))
+            if n in sizes:
+                total += n * itemsize.get(dtype, 4)
+        return total
+
+    types: dict[str, str] = {}
+    kernels = read = written = 0
+    for line in _entry(hlo).splitlines()[1:]:
+        match = _INSTRUCTION.match(line)
+        if not match:
+            continue
+        name, out_type, opcode, operands = match.groups()
+        types[name] = out_type
+        if opcode in _FREE_OPS:
+            continue
+        names = re.findall(r"%([\w.\-]+)", operands)
+        if opcode == "while":
+            r, w = count(types.get(names[0], "")), 0
+        else:
+            r, w = sum(count(types.get(n, "")) for n in names), count(out_type)
+        if r or w:
+            kernels, read, written = kernels + 1, read + r, written + w
+    return {"kernels": kernels, "read_bytes": read, "written_bytes": written}
+
+
 def kernel_count(hlo: str) -> int:
     """Fusions and loops in the entry computation of ``hlo`` (a proxy for per-array overhead)."""
     return sum(1 for line in _entry(hlo).splitlines() if " fusion(" in line or " while(" in line)

@@ -18,16 +18,22 @@ grads)`` (``tx.update`` then ``optax.apply_updates``) with parameters and state
 donated, so XLA updates them in place, as a training loop would. All
 candidates of a case live in one process and are timed round-robin, in a
 new random order every round and each after 5 ms of idling, after a warm-up; the first call of each (trace +
-compile + one run) is timed separately. PyTorch's ``fused=True`` optimizers
+compile + one run) is timed separately. Where a ratio of first calls is a
+goal (Adafactor against Adam on the trees), each of the two candidates' first
+calls is also taken in fresh processes (3, alternating; ``--first-call-runs``)
+and the ratio is of their medians: in one process the second candidate
+compiled finds JAX's caches warm. PyTorch's ``fused=True`` optimizers
 join when ``torch`` is importable (it is not a dependency of optkit).
 
 Columns: median, min and max of the step in milliseconds; first call in
 seconds; GB/s under the minimal-traffic model of the algorithm (bytes per
 parameter each step: Adam 28 = read x, g, m, v and write x, m, v; Adagrad 20 =
 read x, g, h and write x, h; Adafactor 12 = read x, g and write x, its
-factored statistics being negligible); and, from the compiled HLO of one-leaf
-cases, the bytes per parameter that the program really moves (full-size
-operands read plus results written by its top-level kernels).
+factored statistics being negligible); and, from the compiled HLO, the
+bytes per parameter that the program really moves (full-size operands read
+plus results written by its top-level kernels; for a tree, counted over its
+leaves of at least 65536 elements) with its number of kernels (fusions and
+loops) and kernels per leaf.
 
 Memory: each optkit candidate (and its Optax counterpart where compiling it
 takes seconds) runs again in a fresh process: compiled first, then the
@@ -76,7 +82,7 @@ import numpy as np
 import optax
 
 import optkit
-from benchmarks._hlo import full_array_traffic, kernel_count
+from benchmarks._hlo import full_array_traffic, kernel_count, tree_traffic
 from benchmarks._timing import block, markdown_table, summary
 
 REPO = Path(__file__).resolve().parent.parent
@@ -142,6 +148,32 @@ def transformer_tree(quick: bool):
         "ln_f": norm(), "head": {"kernel": s(d, V)},
     }
     return tree, "stand-in defined in benchmarks/run.py (examples/transformer.py not found)"
+
+
+def gpt_tree(quick: bool):
+    """A GPT-2-style tree (issue 18): 6 layers, d_model 768, vocabulary 50257 tied to the output, 1024 positions.
+
+    76 leaves: token and position embeddings, per layer two LayerNorms (scale,
+    bias), a fused QKV projection (768 x 2304), the attention output (768 x
+    768) and the MLP (768 x 3072, 3072 x 768), each with a bias; a final
+    LayerNorm. No separate output matrix (tied embedding).
+    """
+    d, layers, vocab, positions = (64, 2, 512, 32) if quick else (768, 6, 50257, 1024)
+
+    def s(*shape):
+        return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+    def norm():
+        return {"scale": s(d), "bias": s(d)}
+
+    def block():
+        return {"ln1": norm(), "ln2": norm(),
+                "attn": {"qkv": {"kernel": s(d, 3 * d), "bias": s(3 * d)}, "out": {"kernel": s(d, d), "bias": s(d)}},
+                "mlp": {"up": {"kernel": s(d, 4 * d), "bias": s(4 * d)},
+                        "down": {"kernel": s(4 * d, d), "bias": s(d)}}}
+
+    return {"wte": {"embedding": s(vocab, d)}, "wpe": {"embedding": s(positions, d)},
+            "blocks": {str(i): block() for i in range(layers)}, "ln_f": norm()}
 
 
 def _flat_abstract(abstract_tree):
@@ -275,6 +307,7 @@ class Ratio:
     denominator: str | None  # None: the numerator's own first-call time in seconds
     goal: float | None
     goal_text: str = ""
+    first_call: bool = False  # the ratio of first calls, each the median of fresh processes
 
 
 @dataclass
@@ -356,6 +389,22 @@ def build_cases(quick: bool, with_torch: bool, skip_slow: bool = False) -> list[
         cases.append(Case(f"adam_{count}x{size}", f"Adam, {count} leaves x {size}", "adam", specs, ratios, note))
 
     if _has_adafactor():
+        # Issue 18: Adafactor against Adam on one large matrix (goal 0.8, aim 0.75).
+        shape = (512, 256) if quick else (8192, 4096)
+        m = {"w": jax.ShapeDtypeStruct(shape, jnp.float32)}
+        specs = [Spec("optkit.adafactor", "optkit.adafactor", m), Spec("optax.adam", "optax.adam", m)]
+        ratios = [Ratio("optkit.adafactor / optax.adam", "optkit.adafactor", "optax.adam", 0.8, "<= 0.8 (aim 0.75)")]
+        cases.append(Case(f"adafactor_{shape[0]}x{shape[1]}", f"Adafactor, {shape[0]}x{shape[1]}", "adafactor",
+                          specs, ratios))
+        tree = gpt_tree(quick)
+        specs = [Spec("optkit.adafactor", "optkit.adafactor", tree), Spec("optax.adam", "optax.adam", tree)]
+        ratios = [Ratio("optkit.adafactor / optax.adam", "optkit.adafactor", "optax.adam", 0.8, "<= 0.8"),
+                  Ratio("first call: optkit.adafactor / optax.adam", "optkit.adafactor", "optax.adam", 2.0,
+                        "<= 2.0 (aim 1.5)", first_call=True)]
+        cases.append(Case("gpt", "GPT-style parameter tree", "adafactor", specs, ratios,
+                          f"{len(jax.tree.leaves(tree))} leaves, {_nparams(tree):,} parameters"))
+
+    if _has_adafactor():
         m = {"w": jax.ShapeDtypeStruct(matrix, jnp.float32)}
         specs = [Spec("optkit.adafactor", "optkit.adafactor", m, memory=True),
                  Spec("optax.adafactor", "optax.adafactor", m, memory=True),
@@ -376,7 +425,11 @@ def build_cases(quick: bool, with_torch: bool, skip_slow: bool = False) -> list[
     ratios = [Ratio("optkit.adam FlatParams / per leaf", "optkit.adam FlatParams", "optkit.adam per leaf", None),
               Ratio("optkit.adam per leaf / optax.adam", "optkit.adam per leaf", "optax.adam per leaf", None)]
     if _has_adafactor():
-        ratios.insert(0, Ratio("optkit.adafactor / optax.adafactor", "optkit.adafactor", "optax.adafactor", None))
+        ratios[:0] = [Ratio("optkit.adafactor / optax.adafactor", "optkit.adafactor", "optax.adafactor", None),
+                      Ratio("optkit.adafactor / optax.adam", "optkit.adafactor", "optax.adam per leaf", 0.8,
+                            "<= 0.8"),
+                      Ratio("first call: optkit.adafactor / optax.adam", "optkit.adafactor", "optax.adam per leaf",
+                            2.0, "<= 2.0 (aim 1.5)", first_call=True)]
     note = f"tree: {source}; {len(jax.tree.leaves(tree))} leaves, {_nparams(tree):,} parameters"
     if not _has_adafactor():
         note += "; optkit.adafactor not in this build, so Adam only"
@@ -521,6 +574,14 @@ def timing_child(spec: Spec, repeats: int, warmup: int) -> dict:
     return entry
 
 
+def first_call_child(spec: Spec) -> dict:
+    """Run in a fresh process: the first call of the candidate's step (trace + compile + one run)."""
+    stepper = make_stepper(spec)
+    start = time.perf_counter()
+    jax.block_until_ready(stepper())
+    return {"label": spec.label, "first_call_s": time.perf_counter() - start}
+
+
 def run_child(mode: str, spec: Spec, *args) -> dict:
     """``memory_child`` or ``timing_child`` in a fresh Python process; its JSON result."""
     env = dict(os.environ)
@@ -539,6 +600,8 @@ def child_main(payload: str) -> dict:
     spec = Spec.from_json(data["spec"])
     if data["mode"] == "memory":
         return memory_child(spec, *data["args"])
+    if data["mode"] == "first_call":
+        return first_call_child(spec)
     return timing_child(spec, *data["args"])
 
 
@@ -607,14 +670,23 @@ def candidate_entry(spec: Spec, stepper, seconds: list[float]) -> dict:
     if isinstance(stepper, JaxStepper):
         hlo = stepper.compiled().as_text()
         entry["hlo_kernels"] = kernel_count(hlo)
+        entry["hlo_kernels_per_leaf"] = entry["hlo_kernels"] / entry["n_leaves"]
         if entry["n_leaves"] == 1:
             traffic = full_array_traffic(hlo, n)
             entry["hlo_full_size_kernels"] = traffic["kernels"]
             entry["hlo_bytes_per_param"] = 4 * (traffic["reads"] + traffic["writes"])
+        elif not spec.flat:
+            # Leaves of at least 65536 elements (the statistics vectors are shorter).
+            sizes = {x.size for x in jax.tree.leaves(spec.abstract) if x.size >= 1 << 16}
+            large = sum(x.size for x in jax.tree.leaves(spec.abstract) if x.size in sizes)
+            if large:
+                traffic = tree_traffic(hlo, sizes)
+                entry["hlo_bytes_per_param"] = (traffic["read_bytes"] + traffic["written_bytes"]) / large
     return entry
 
 
-def run_case(case: Case, repeats: int, warmup: int, with_memory: bool, log, quick: bool = False) -> dict:
+def run_case(case: Case, repeats: int, warmup: int, with_memory: bool, log, quick: bool = False,
+             first_call_runs: int = 3) -> dict:
     load_before = os.getloadavg()
     result = {"name": case.name, "title": case.title, "algorithm": case.algorithm, "note": case.note,
               "candidates": [], "ratios": [], "memory": []}
@@ -641,18 +713,34 @@ def run_case(case: Case, repeats: int, warmup: int, with_memory: bool, log, quic
         entries[label] = candidate_entry(spec, stepper, times[label])
     del steppers
     gc.collect()
+    fresh = sorted({label for r in case.ratios if r.first_call for label in (r.numerator, r.denominator)})
+    for _ in range(first_call_runs if fresh else 0):
+        for label in fresh:  # alternating, so that both see the same machine conditions
+            spec = next(s for s in case.specs if s.label == label)
+            log(f"  first call of {label} in a fresh process ...")
+            child = run_child("first_call", spec)
+            if "first_call_s" in child:
+                entries[label].setdefault("first_call_fresh_s", []).append(child["first_call_s"])
     result["candidates"] = [entries[spec.label] for spec in case.specs]
     for ratio in case.ratios:
         numerator = entries[ratio.numerator]
         denominator = entries.get(ratio.denominator) if ratio.denominator else None
         if "error" in numerator or (denominator is not None and "error" in denominator):
             continue
-        value = numerator["first_call_s"] if ratio.denominator is None else (
-            numerator["median_ms"] / denominator["median_ms"])
+        if ratio.first_call:
+            runs = numerator.get("first_call_fresh_s"), denominator.get("first_call_fresh_s")
+            if not all(runs):
+                continue
+            value = statistics.median(runs[0]) / statistics.median(runs[1])
+        elif ratio.denominator is None:
+            value = numerator["first_call_s"]
+        else:
+            value = numerator["median_ms"] / denominator["median_ms"]
         # Both timed in the same rounds: the median of the per-round ratios, which other
         # load on the machine (it comes and goes between rounds) disturbs less.
         paired = None
-        if ratio.denominator is not None and ratio.numerator in times and ratio.denominator in times:
+        if (not ratio.first_call and ratio.denominator is not None and ratio.numerator in times
+                and ratio.denominator in times):
             paired = statistics.median(a / b for a, b in zip(times[ratio.numerator], times[ratio.denominator]))
         met = None if ratio.goal is None else bool(value <= ratio.goal)
         result["ratios"].append({"label": ratio.label, "value": value, "paired": paired, "goal": ratio.goal,
@@ -704,16 +792,24 @@ def report(results: dict) -> str:
                 rows.append([case["title"], c["label"], "error", " ".join(c["error"]), "", "", ""])
                 continue
             hlo = ""
-            if "hlo_bytes_per_param" in c:
+            if "hlo_full_size_kernels" in c:
                 hlo = f"{c['hlo_bytes_per_param']} B ({c['hlo_full_size_kernels']} kernels)"
+            elif "hlo_bytes_per_param" in c:
+                hlo = (f"{c['hlo_bytes_per_param']:.1f} B ({c['hlo_kernels']} kernels, "
+                       f"{c['hlo_kernels_per_leaf']:.1f} a leaf)")
+            elif "hlo_kernels_per_leaf" in c and c["n_leaves"] > 1:
+                hlo = f"{c['hlo_kernels']} kernels, {c['hlo_kernels_per_leaf']:.1f} a leaf"
             elif "hlo_kernels" in c:
                 hlo = f"{c['hlo_kernels']} kernels"
+            first = f"{c['first_call_s']:.2f}"
+            if c.get("first_call_fresh_s"):
+                first += f" (fresh: {statistics.median(c['first_call_fresh_s']):.2f})"
             label = c["label"]
             if c.get("separate_process"):
                 label += " (alone, own process)"
                 hlo += f"; process peak RSS {c['process_peak_rss'] / 2**30:.1f} GiB"
             rows.append([case["title"], label, f"{c['median_ms']:.2f}", f"{c['min_ms']:.2f}-{c['max_ms']:.2f}",
-                         f"{c['first_call_s']:.2f}", f"{c['gbps']:.1f} ({c['bytes_per_param_model']} B)", hlo])
+                         first, f"{c['gbps']:.1f} ({c['bytes_per_param_model']} B)", hlo])
     lines.append(markdown_table(["case", "candidate", "median ms", "min-max ms", "first call s",
                                  "GB/s (model)", "HLO traffic/param"], rows))
     lines += ["", "## Ratios and goals", ""]
@@ -759,6 +855,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--no-torch", action="store_true", help="leave PyTorch out even if importable")
     parser.add_argument("--skip-slow", action="store_true",
                         help="leave out the per-leaf 10000-leaf candidates (minutes and gigabytes to compile)")
+    parser.add_argument("--first-call-runs", type=int, default=None,
+                        help="fresh processes per candidate for the first-call ratios (default 3, quick 1)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -784,7 +882,8 @@ def main(argv=None) -> dict:
     results = {"meta": meta, "cases": []}
     for case in cases:
         log(f"{case.name}: {case.title}")
-        results["cases"].append(run_case(case, repeats, warmup, not args.no_memory, log, quick=args.quick))
+        results["cases"].append(run_case(case, repeats, warmup, not args.no_memory, log, quick=args.quick,
+                                         first_call_runs=args.first_call_runs or (1 if args.quick else 3)))
     meta["load_end"] = list(os.getloadavg())
     text = report(results)
     results["markdown"] = text

@@ -19,20 +19,27 @@ update can be written, so ``G`` and ``X`` must each be read at least twice.
     sum_ij U_ij^2 = sum_ij G_ij^2 mean(r) / (r_i c_j) = mean(r) * sum_j w_j / c_j,
     w_j = sum_i G_ij^2 / r_i,
 
-a column sum taken beside the column means once the row means are known. On
-GPU/TPU the statistics are plain reductions. On CPU, XLA's column reduction of
-a large matrix is several times slower than memory, so the row means are one
-fast row reduction and both column sums one loop over cached blocks of rows
-(:func:`_column_sums_blocked`): a step reads ``G`` three times and ``X``
-twice and writes ``X`` once (``optax.adam`` reads seven arrays and writes
-three; see ``benchmarks/adafactor.py``). That loop slices ``G`` along its
-rows, so a leaf that is, or may be, sharded over several devices takes the
-plain reductions instead, which XLA partitions with vector-sized all-reduces
-(slicing a sharded ``G`` would gather all of it onto every device).
+a column sum taken beside the column means once the row means are known.
+Each statistic is one reduction (XLA fuses the squaring into it): a step
+reads ``G`` four times and ``X`` twice and writes ``X`` once, 28 bytes a
+float32 parameter against ``optax.adam``'s 40 (seven arrays read, three
+written; ``benchmarks/run.py``). On CPU the column reductions square ``G``
+behind an optimization barrier, since XLA would otherwise compute ``G^2``
+once into a temporary as large as the leaf. XLA partitions the same
+reductions of a sharded leaf with vector-sized all-reduces.
+
+Compile time: :func:`_leaf_step` traces each distinct kind of leaf once (a
+transformer repeats a few shapes many times) and XLA compiles identical
+kernels once, so the first call grows with the number of distinct leaf
+shapes rather than with the number of leaves (``benchmarks/RESULTS.md``,
+issue 18, which also records the designs that were measured and dropped: a
+loop over row blocks that read ``G`` once for both column sums, and stacking
+leaves of one shape).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -216,28 +223,21 @@ class _Moments(NamedTuple):
     sum_x2: jax.Array | None  # sum of X_{t-1}^2 over the leaf (for RMS(X_{t-1})), if asked
 
 
-# Factored leaves on CPU at least this large take the loop of
-# _column_sums_blocked. XLA:CPU's reductions of smaller matrices are no faster
-# than the loop (768x768: 0.59 ms a step against 0.83 ms with plain
-# reductions) and materialize G^2, a temporary as large as the leaf that,
-# leaf after leaf, XLA:CPU does not share between leaves: 100 MiB of temporary
-# memory on the 86M-parameter transformer tree of benchmarks/run.py.
-_BLOCKED_MIN_SIZE = 1 << 16
-# Elements per block of rows in that loop (2 x 64 KiB of float32 accumulators
-# per leaf, in cache): the transformer step's temporary memory is 9 MiB and
-# large leaves run as fast as with blocks 16x larger (8192x8192: 51 ms
-# either way, benchmarks/RESULTS.md).
-_BLOCK_ELEMENTS = 1 << 14
+def _factored_plain(g, x, nu, b2, eps1, row, col, guard, dtype, separate=False) -> _Moments:
+    """The statistics pass for a factored leaf, as plain reductions (any backend, any rank).
 
-
-def _factored_plain(g, x, nu, b2, eps1, row, col, guard, dtype) -> _Moments:
-    """The statistics pass for a factored leaf, as plain reductions (any backend, any rank)."""
+    ``separate`` (CPU): XLA would compute ``G^2`` once for the row and column
+    means, into a temporary as large as the leaf that is then read twice;
+    behind an optimization barrier each reduction squares ``G`` itself and
+    reads only ``G`` (XLA:CPU runs each one as a single fused reduction).
+    """
     g = g.astype(dtype)
     g2 = g * g
+    g_col = lax.optimization_barrier(g) if separate else g
     v_row = _ema(nu.v_row.astype(dtype), jnp.mean(g2, axis=col), b2, eps1)
-    v_col = _ema(nu.v_col.astype(dtype), jnp.mean(g2, axis=row), b2, eps1)
+    v_col = _ema(nu.v_col.astype(dtype), jnp.mean(g_col * g_col, axis=row), b2, eps1)
     inv_row = _inverse(v_row, guard)
-    w = jnp.sum(g2 * jnp.expand_dims(inv_row, col), axis=row)  # shaped like v_col
+    w = jnp.sum(g * (g * jnp.expand_dims(inv_row, col)), axis=row)  # shaped like v_col
     sum_x2 = None if x is None else jnp.sum(jnp.square(x.astype(dtype)))
     return _Moments(FactoredSecondMoment(v_row, v_col), _sum_u2(v_row, v_col, w, row, col, guard), sum_x2)
 
@@ -250,87 +250,13 @@ def _sum_u2(v_row, v_col, w, row, col, guard):
     return jnp.sum(mean_r * jnp.sum(w * _inverse(v_col, guard), axis=col_in_c))
 
 
-def _column_sums_blocked(g, inv_inner, dtype):
-    """CPU: ``(sum_i G_pij^2, sum_i G_pij^2 * inv_inner_pi)``, both (P, m), for ``g`` (P, n, m).
-
-    XLA's CPU column reduction of a large matrix runs several times slower than
-    memory allows (its (m,) accumulator is updated from every row). Here a
-    loop over blocks of rows adds each block's squares element-wise into
-    (2, block, m) accumulators that stay in cache, so ``g`` is read once; each
-    iteration is one fused element-wise kernel, and the accumulators' rows are
-    summed once per matrix at the end. Matrices ``p`` are looped over too.
-    """
-    num_matrices, n, m = g.shape
-    block = min(n, max(8, min(256, _BLOCK_ELEMENTS // m)))
-    num_blocks = n // block
-    tail = n - num_blocks * block
-
-    def terms(p, lo, size):
-        gb = lax.dynamic_slice(g, (p, lo, 0), (1, size, m))[0].astype(dtype)
-        inv = lax.dynamic_slice(inv_inner, (p, lo), (1, size))[0]
-        g2 = gb * gb
-        return jnp.stack([g2, g2 * inv[:, None]])
-
-    def matrix(p):
-        acc = lax.fori_loop(
-            0, num_blocks, lambda i, acc: acc + terms(p, i * block, block), jnp.zeros((2, block, m), dtype)
-        )
-        sums = jnp.sum(acc, axis=1)
-        if tail:
-            sums = sums + jnp.sum(terms(p, num_blocks * block, tail), axis=1)
-        return sums
-
-    sums = matrix(0)[None] if num_matrices == 1 else lax.map(matrix, jnp.arange(num_matrices))
-    return sums[:, 0], sums[:, 1]
-
-
-def _factored_blocked(g, x, nu, b2, eps1, row, col, guard, dtype) -> _Moments:
-    """The statistics pass for a leaf whose factored axes are its last two (CPU).
-
-    The leaf is P matrices (n, m). The statistic averaged over the contiguous
-    last axis ("inner": the row statistic for ``factored_dims="last"``) is one
-    fast row reduction; the other ("outer") and ``w`` are column sums, taken by
-    :func:`_column_sums_blocked`. ``sum_ij G^2 / (r_i c_j)`` is symmetric in
-    ``r`` and ``c``, so ``w`` is summed against whichever is the inner one.
-    """
-    shape = g.shape
-    n, m = shape[-2], shape[-1]
-    num_matrices = g.size // (n * m)
-    g3 = g.reshape(num_matrices, n, m)
-    inner_is_row = col == len(shape) - 1
-    inner_old = (nu.v_row if inner_is_row else nu.v_col).reshape(num_matrices, n).astype(dtype)
-    outer_old = (nu.v_col if inner_is_row else nu.v_row).reshape(num_matrices, m).astype(dtype)
-    gc = g3.astype(dtype)
-    inner = _ema(inner_old, jnp.mean(gc * gc, axis=-1), b2, eps1)
-    outer_sum, w = _column_sums_blocked(g3, _inverse(inner, guard), dtype)
-    outer = _ema(outer_old, outer_sum / n, b2, eps1)
-    mean_r = jnp.mean(inner if inner_is_row else outer, axis=-1)
-    sum_u2 = jnp.sum(mean_r * jnp.sum(w * _inverse(outer, guard), axis=-1))
-    sum_x2 = None if x is None else jnp.sum(jnp.square(x.astype(dtype)))
-    if inner_is_row:
-        v_row, v_col = inner.reshape(_without(shape, col)), outer.reshape(_without(shape, row))
-    else:
-        v_row, v_col = outer.reshape(_without(shape, col)), inner.reshape(_without(shape, row))
-    return _Moments(FactoredSecondMoment(v_row, v_col), sum_u2, sum_x2)
-
-
 def _factored_moments(g, x, nu, b2, eps1, row, col, guard, dtype) -> _Moments:
     """New row/column statistics, ``sum U^2`` and ``sum X^2`` for a factored leaf."""
     args = (g, x, nu, b2, eps1, row, col, guard, dtype)
-    shape = g.shape
-    blocked_ok = (
-        {row, col} == {len(shape) - 2, len(shape) - 1} and shape[-2] >= 8 and g.size >= _BLOCKED_MIN_SIZE
-    )
-    # The loop slices G along its rows and matrices; were those split among
-    # devices, XLA would gather all of G onto every device for it. A leaf that
-    # is (or, on a mesh with Auto axes, may be) sharded takes the plain
-    # reductions, which XLA partitions with only vector-sized all-reduces.
-    if not blocked_ok or any(sharding.may_be_split(a) for a in (g, *nu)):
-        return _factored_plain(*args)
-    # The loop only pays on CPU; GPUs and TPUs reduce both ways at memory speed.
-    return lax.platform_dependent(
-        cpu=lambda: _factored_blocked(*args), default=lambda: _factored_plain(*args)
-    )
+    # GPUs and TPUs fuse the reductions of G into one pass; XLA:CPU runs each
+    # as its own kernel and would share a materialized G^2 between them.
+    return lax.platform_dependent(cpu=lambda: _factored_plain(*args, separate=True),
+                                  default=lambda: _factored_plain(*args))
 
 
 def _full_moments(g, x, nu, b2, eps1, guard, dtype) -> _Moments:
@@ -415,6 +341,38 @@ def _adafactor_leaf(g, x, nu, m, *, axes, b2, lr, config: _Config, dtype):
     if config.weight_decay_rate is not None:
         update = update + (jnp.asarray(config.weight_decay_rate, dtype) * alpha) * x.astype(dtype)
     return update, moments.nu, m_new
+
+
+@functools.partial(jax.jit, static_argnames=("static",))
+def _adafactor_leaf_jit(g, x, nu, m, b2, lr, numbers, *, static):
+    axes, dtype, multiply_by_parameter_scale, guard = static
+    eps1, eps2, clipping_threshold, b1, weight_decay_rate = numbers
+    config = _Config(eps1=eps1, eps2=eps2, clipping_threshold=clipping_threshold,
+                     multiply_by_parameter_scale=multiply_by_parameter_scale, b1=b1,
+                     weight_decay_rate=weight_decay_rate, guard=guard)
+    return _adafactor_leaf(g, x, nu, m, axes=axes, b2=b2, lr=lr, config=config, dtype=dtype)
+
+
+def _leaf_step(g, x, nu, m, *, axes, b2, lr, config: _Config, dtype):
+    """:func:`_adafactor_leaf` traced once per distinct leaf (shapes, dtypes, options), not once per leaf.
+
+    A parameter tree repeats a few shapes many times (a transformer's layers).
+    Under ``jax.jit`` the inner ``jax.jit`` makes JAX trace and lower each
+    distinct leaf once and call it at every leaf of that kind; XLA inlines the
+    calls, so the compiled program is the one the plain calls would give, and
+    XLA compiles the identical kernels once. On the 149-leaf transformer tree
+    of ``benchmarks/run.py`` tracing and lowering took 0.3 s instead of 0.9 s
+    (benchmarks/RESULTS.md, issue 18). Called eagerly, each distinct leaf is
+    one compiled call instead of dozens of dispatched operations.
+
+    The hyperparameters are arguments (they may be traced under
+    ``optax.inject_hyperparams``); what decides the program is static: the
+    factored axes, the dtype and the options.
+    """
+    numbers = tuple(None if v is None else jnp.asarray(v, dtype) for v in
+                    (config.eps1, config.eps2, config.clipping_threshold, config.b1, config.weight_decay_rate))
+    static = (axes, np.dtype(dtype), bool(config.multiply_by_parameter_scale), bool(config.guard))
+    return _adafactor_leaf_jit(g, x, nu, m, b2, lr, numbers, static=static)
 
 
 def _b2(count, decay_rate, dtype):
@@ -570,7 +528,7 @@ def _step(grads, nodes, xs, mus, scalars, config: _Config, factored_dims: str):
         if isinstance(node, FactoredSecondMoment):
             axes = factored_axes(g.shape, factored=True, factored_dims=factored_dims, min_dim_size_to_factor=1)
         b2, lr = scalars(dtype)
-        update, nu, m_new = _adafactor_leaf(g, x, node, m, axes=axes, b2=b2, lr=lr, config=config, dtype=dtype)
+        update, nu, m_new = _leaf_step(g, x, node, m, axes=axes, b2=b2, lr=lr, config=config, dtype=dtype)
         new_updates.append(update.astype(g.dtype if x is None else x.dtype))
         new_nu.append(type(node)(*(a.astype(b.dtype) for a, b in zip(nu, node))))
         if m_new is not None:
@@ -855,8 +813,7 @@ def adafactor(
     ``PartitionSpec`` without the column axis and the column statistics
     without the row axis; the count is replicated.
     Reductions across shards (row and column means, ``RMS(X)``, ``RMS(U)``)
-    are XLA's all-reduces of vectors and scalars. The CPU loop over row blocks
-    is only taken for a leaf known to be whole on each device.
+    are XLA's all-reduces of vectors and scalars.
 
     How it differs from ``optax.adafactor``: there, ``learning_rate=None``
     means no step size at all (``rho_t`` is absent) and the default
