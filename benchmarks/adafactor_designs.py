@@ -4,23 +4,26 @@ optkit ships one design; the others are rebuilt here by changing the knobs of
 ``optkit._src.adafactor`` in this process only (nothing of optkit is changed
 on disk), so that each can be measured with the same harness::
 
-    python -m benchmarks.adafactor_designs first-call --tree transformer --design hybrid+jit
-    python -m benchmarks.adafactor_designs step --tree gpt --designs loop,hybrid+jit --rounds 15
+    python -m benchmarks.adafactor_designs first-call --tree transformer --design reductions+jit
+    python -m benchmarks.adafactor_designs step --tree gpt --designs 0.1.0,reductions+jit --rounds 15
     python -m benchmarks.adafactor_designs table          # every design, first calls and steps (about 25 min)
 
 Designs (``factored_dims="largest", min_dim_size_to_factor=128``, as ``benchmarks/run.py``):
 
-- ``loop``: optkit 0.1.0: on CPU, every factored matrix from 65,536 elements
-  takes a loop over blocks of rows that reads ``G`` once for both column
-  sums (24 B a parameter instead of 28), each leaf traced on its own; the
-  loop's code lives here now (:func:`_column_sums_blocked`);
-- ``loop+jit``: the same, each distinct leaf traced once (``_leaf_step``);
-- ``hybrid+jit``: the loop from 2^20 elements, reductions below;
-- ``reductions``: one reduction per statistic, each leaf traced on its own;
-- ``reductions+jit`` (shipped): one reduction per statistic, each distinct
-  leaf traced once;
-- ``grouped+jit``: ``reductions+jit`` with the unfactored leaves of one
-  shape stacked into one array and run as one (``jax.vmap``), then split.
+- ``0.1.0``: optkit 0.1.0's statistics: on CPU every factored matrix from
+  65,536 elements takes a loop over blocks of rows that reads ``G`` once for
+  both column sums (24 B a parameter), smaller ones reductions; ``sum U^2``
+  from the column sums ``w_j = sum_i G_ij^2 / r_i``; each leaf traced on its
+  own. Its code lives here now (:func:`_column_sums_blocked`);
+- ``0.1.0+jit``: the same, each distinct leaf traced once (``_leaf_step``);
+- ``w-form+jit``: reductions only, ``sum U^2`` as ``sum_j w_j / c_j``, which
+  XLA:CPU merges into one reduction over both axes that runs 10x slower on
+  tall matrices (the GPT-2 embedding);
+- ``reductions``: the shipped statistics (reductions, the loop only for
+  matrices from 2^22 elements or wider than 6144), each leaf traced on its own;
+- ``reductions+jit``: shipped;
+- ``grouped+jit``: shipped, with the unfactored leaves of one shape stacked
+  into one array and run as one (``jax.vmap``), then split.
 
 ``first-call`` runs in the process it is given (run it in a fresh one per
 measurement: the table does, 3 times each, alternating with ``optax.adam``).
@@ -52,7 +55,7 @@ from benchmarks._hlo import kernel_count, tree_traffic
 from benchmarks.run import _make_tree, gpt_tree, transformer_tree
 from optkit._src import adafactor as _af
 
-DESIGNS = ("loop", "loop+jit", "hybrid+jit", "reductions", "reductions+jit", "grouped+jit")
+DESIGNS = ("0.1.0", "0.1.0+jit", "w-form+jit", "reductions", "reductions+jit", "grouped+jit")
 TREES = {
     "transformer": lambda: transformer_tree(False)[0],
     "gpt": lambda: gpt_tree(False),
@@ -60,11 +63,10 @@ TREES = {
 }
 _SHIPPED = (_af._factored_moments, _af._leaf_step, _af._step)
 _BLOCK_ELEMENTS = 1 << 14  # elements per block of rows (2 x 64 KiB of float32 accumulators)
-_loop_min_size = 1 << 16
 
 
-def _untraced_leaf(g, x, nu, m, *, axes, b2, lr, config, dtype):
-    return _af._adafactor_leaf(g, x, nu, m, axes=axes, b2=b2, lr=lr, config=config, dtype=dtype)
+def _untraced_leaf(g, x, nu, m, *, axes, b2, lr, config, dtype, split):
+    return _af._adafactor_leaf(g, x, nu, m, axes=axes, b2=b2, lr=lr, config=config, dtype=dtype, split=split)
 
 
 def _column_sums_blocked(g, inv_inner, dtype):
@@ -117,22 +119,39 @@ def _factored_blocked(g, x, nu, b2, eps1, row, col, guard, dtype):
         v_row, v_col = inner.reshape(_af._without(shape, col)), outer.reshape(_af._without(shape, row))
     else:
         v_row, v_col = outer.reshape(_af._without(shape, col)), inner.reshape(_af._without(shape, row))
-    return _af._Moments(_af.FactoredSecondMoment(v_row, v_col), sum_u2, sum_x2)
+    return _af._Moments(_af.FactoredSecondMoment(v_row, v_col), sum_u2, sum_x2,
+                        _af._factors(v_row, v_col, row, col, guard))
 
 
-def _factored_with_loop(g, x, nu, b2, eps1, row, col, guard, dtype):
-    """0.1.0's choice (one device, CPU): the loop for large matrices, the reductions otherwise."""
+def _factored_w_form(g, x, nu, b2, eps1, row, col, guard, dtype):
+    """Reductions, with ``sum U^2 = sum_others mean(r) * sum_j w_j / c_j`` (0.1.0's form for small leaves)."""
+    g = g.astype(dtype)
+    g_col = jax.lax.optimization_barrier(g)  # no G^2 shared by the two means
+    v_row = _af._ema(nu.v_row.astype(dtype), jnp.mean(g * g, axis=col), b2, eps1)
+    v_col = _af._ema(nu.v_col.astype(dtype), jnp.mean(g_col * g_col, axis=row), b2, eps1)
+    w = jnp.sum(g * (g * jnp.expand_dims(_af._inverse(v_row, guard), col)), axis=row)
+    row_in_r = row if row < col else row - 1
+    col_in_c = col if col < row else col - 1
+    mean_r = jnp.mean(v_row, axis=row_in_r)
+    sum_u2 = jnp.sum(mean_r * jnp.sum(w * _af._inverse(v_col, guard), axis=col_in_c))
+    sum_x2 = None if x is None else jnp.sum(jnp.square(x.astype(dtype)))
+    return _af._Moments(_af.FactoredSecondMoment(v_row, v_col), sum_u2, sum_x2,
+                        _af._factors(v_row, v_col, row, col, guard))
+
+
+def _factored_0_1_0(g, x, nu, b2, eps1, row, col, guard, dtype, split):
+    """0.1.0's choice on one CPU device: the loop from 65,536 elements, the w-form reductions otherwise."""
     shape = g.shape
-    if {row, col} == {len(shape) - 2, len(shape) - 1} and shape[-2] >= 8 and g.size >= _loop_min_size:
+    if {row, col} == {len(shape) - 2, len(shape) - 1} and shape[-2] >= 8 and g.size >= 1 << 16:
         return _factored_blocked(g, x, nu, b2, eps1, row, col, guard, dtype)
-    return _SHIPPED[0](g, x, nu, b2, eps1, row, col, guard, dtype)
+    return _factored_w_form(g, x, nu, b2, eps1, row, col, guard, dtype)
 
 
 def _grouped_step(grads, nodes, xs, mus, scalars, config, factored_dims):
     """Unfactored leaves without a first moment, grouped by shape and dtype, stacked and vmapped."""
     groups: dict = {}
     for i, (g, node) in enumerate(zip(grads, nodes)):
-        if isinstance(node, _af.FullSecondMoment) and mus[i] is None:
+        if isinstance(node, _af.FullSecondMoment) and mus[i] is None and not _af.sharding.may_be_split(g):
             groups.setdefault((jnp.shape(g), jnp.result_type(g), node.v.dtype), []).append(i)
     grouped = {i for members in groups.values() for i in members}
     rest = [i for i in range(len(grads)) if i not in grouped]
@@ -164,13 +183,13 @@ def _grouped_step(grads, nodes, xs, mus, scalars, config, factored_dims):
 
 def use(design: str) -> None:
     """Set ``optkit._src.adafactor``'s functions to ``design``'s (in this process only)."""
-    global _loop_min_size
     if design not in DESIGNS:
         raise ValueError(f"unknown design {design!r}; known: {DESIGNS}")
     moments, leaf_step, step = _SHIPPED
-    if design.startswith(("loop", "hybrid")):
-        moments = _factored_with_loop
-        _loop_min_size = 1 << 20 if design.startswith("hybrid") else 1 << 16
+    if design.startswith("0.1.0"):
+        moments = _factored_0_1_0
+    elif design.startswith("w-form"):
+        moments = lambda *args: _factored_w_form(*args[:-1])  # noqa: E731 (no split: one device)
     _af._factored_moments = moments
     _af._leaf_step = leaf_step if design.endswith("+jit") else _untraced_leaf
     _af._step = _grouped_step if design.startswith("grouped") else step
@@ -272,7 +291,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("mode", choices=["first-call", "step", "table"])
     parser.add_argument("--tree", default="transformer", choices=sorted(TREES))
-    parser.add_argument("--design", default="hybrid+jit")
+    parser.add_argument("--design", default="reductions+jit")
     parser.add_argument("--designs", default=",".join(DESIGNS), help="comma-separated (step, table)")
     parser.add_argument("--trees", default="transformer,gpt,matrix", help="comma-separated (table)")
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per first call (table)")

@@ -46,6 +46,7 @@ else:
     from jax.sharding import PartitionSpec as P
 
     import optkit
+    from optkit._src import sharding as sharding_module
 
     CPU = jax.devices("cpu")
     AXES = ("data", "model")
@@ -305,9 +306,9 @@ else:
             assert found
 
     @pytest.mark.parametrize("spec", [P("model", None), P(None, "model"), P(("data", "model"), None)])
-    def test_large_sharded_leaf_reduces_with_vector_all_reduces(spec):
-        """Adafactor's statistics of a sharded leaf: no gathered G, only all-reduces of statistics; same numbers."""
-        shape = (1024, 1024)
+    def test_wide_sharded_leaf_skips_the_cpu_row_block_loop(spec):
+        """Adafactor's CPU loop (wide or large leaves) slices G along its rows; a sharded leaf takes reductions."""
+        shape = (16, 8192)  # wider than the loop's 6144 columns
         tx = optkit.adafactor()
         key_p, key_g = jax.random.split(jax.random.key(1))
         params, grads = jax.random.normal(key_p, shape), jax.random.normal(key_g, shape)
@@ -317,17 +318,49 @@ else:
             return optax.apply_updates(params, updates), state
 
         one = on_one_device((params, grads))
-        want = jax.jit(update)(one[0], tx.init(one[0]), one[1])
+        one_state = tx.init(one[0])
+        one_hlo = jax.jit(update).lower(one[0], one_state, one[1]).compile().as_text()
+        assert " while(" in one_hlo  # one device: the loop (tests/test_adafactor.py checks its numbers)
+        want = jax.jit(update)(one[0], one_state, one[1])
 
         sharding = NamedSharding(make_mesh(), spec)
         p, g = place((params, grads), (sharding, sharding))
         state = jax.jit(tx.init)(p)
         compiled = jax.jit(update).lower(p, state, g).compile()
-        for kind, size in collectives(compiled.as_text()):
-            assert kind == "all-reduce" and size <= 1024, (kind, size)
+        hlo = compiled.as_text()
+        assert " while(" not in hlo
+        for kind, size in collectives(hlo):
+            assert kind == "all-reduce" and size <= 8192, (kind, size)
         got = compiled(p, state, g)
         assert_close(got, want)
         assert got[0].sharding.is_equivalent_to(sharding, 2)
+
+    def test_may_be_split():
+        mesh = make_mesh()
+        explicit = make_mesh(AxisType.Explicit)
+        x = jnp.ones((8, 16))
+        seen = {}
+
+        def probe(name):
+            def f(a):
+                seen[name] = sharding_module.may_be_split(a)
+                return a
+
+            return f
+
+        assert not sharding_module.may_be_split(x)
+        assert sharding_module.may_be_split(jax.device_put(x, NamedSharding(mesh, P(None, "model"))))
+        assert not sharding_module.may_be_split(jax.device_put(x, NamedSharding(mesh, P())))
+        jax.jit(probe("one device"))(x)
+        jax.jit(probe("auto, replicated"))(jax.device_put(x, NamedSharding(mesh, P())))  # XLA may still split it
+        jax.jit(probe("explicit, replicated"))(jax.device_put(x, NamedSharding(explicit, P())))
+        jax.jit(probe("explicit, sharded"))(jax.device_put(x, NamedSharding(explicit, P("model"))))
+        assert seen == {
+            "one device": False,
+            "auto, replicated": True,
+            "explicit, replicated": False,
+            "explicit, sharded": True,
+        }
 
     # ------------------------------------------------------------ Explicit axes: shardings in the types
 

@@ -221,77 +221,172 @@ class _Moments(NamedTuple):
     nu: Any  # FactoredSecondMoment or FullSecondMoment, new values
     sum_u2: jax.Array  # sum of U_t^2 over the leaf (for RMS(U_t))
     sum_x2: jax.Array | None  # sum of X_{t-1}^2 over the leaf (for RMS(X_{t-1})), if asked
+    # U_t without the clipping: G * factors[0] (unfactored, rsqrt(V)), or
+    # G * rsqrt(r_i) * rsqrt(c_j) * sqrt(mean(r)) (factored: the three factors,
+    # the last with the row axis kept, of size 1); computed once for sum U^2 and the update.
+    factors: tuple
+
+
+# On CPU, a matrix takes the loop of _column_sums_blocked (both column sums in
+# one pass over G, 24 bytes a float32 parameter instead of 28) when it is
+# large or wide. Large: from 2^22 elements the pass saved is worth the loop's
+# compilation (about 0.1 s for each distinct leaf shape in the first call),
+# and smaller leaves are mostly read from cache anyway. Wide: XLA:CPU reduces
+# over the rows of a matrix (one sum per column) at memory speed up to about
+# 6144 columns and 2-6x slower beyond (the accumulators of one row no longer
+# fit in the first-level cache): 11.7 ms for 2^25 float32 elements in 8192
+# columns against 5.4 ms in 6144 (benchmarks/RESULTS.md).
+_LOOP_MIN_SIZE = 1 << 22
+_WIDE_COLUMNS = 6144
+# Elements per block of rows in that loop (2 x 64 KiB of float32 accumulators).
+_BLOCK_ELEMENTS = 1 << 14
 
 
 def _factored_plain(g, x, nu, b2, eps1, row, col, guard, dtype, separate=False) -> _Moments:
-    """The statistics pass for a factored leaf, as plain reductions (any backend, any rank).
+    """The statistics pass for a factored leaf as reductions, each over one or two axes of ``G``.
 
-    ``separate`` (CPU): XLA would compute ``G^2`` once for the row and column
-    means, into a temporary as large as the leaf that is then read twice;
-    behind an optimization barrier each reduction squares ``G`` itself and
-    reads only ``G`` (XLA:CPU runs each one as a single fused reduction).
+    ``sum U^2 = sum_others mean(r) * sum_ij G_ij^2 / (r_i c_j)``: one reduction
+    over the two factored axes with both statistics broadcast.
+
+    ``separate`` (CPU): without optimization barriers XLA computes ``G^2``
+    once for the row and column means, into a temporary as large as the leaf
+    that is then read twice; behind them each reduction squares ``G`` itself
+    and reads only ``G``.
     """
+    barrier = lax.optimization_barrier if separate else (lambda a: a)
     g = g.astype(dtype)
-    g2 = g * g
-    g_col = lax.optimization_barrier(g) if separate else g
-    v_row = _ema(nu.v_row.astype(dtype), jnp.mean(g2, axis=col), b2, eps1)
+    g_col = barrier(g)
+    v_row = _ema(nu.v_row.astype(dtype), jnp.mean(g * g, axis=col), b2, eps1)
     v_col = _ema(nu.v_col.astype(dtype), jnp.mean(g_col * g_col, axis=row), b2, eps1)
-    inv_row = _inverse(v_row, guard)
-    w = jnp.sum(g * (g * jnp.expand_dims(inv_row, col)), axis=row)  # shaped like v_col
+    factors = _factors(v_row, v_col, row, col, guard)
+    g_u, row_factor, col_factor = barrier((g, factors[0], factors[1]))
+    unit = (g_u * jnp.expand_dims(row_factor, col)) * jnp.expand_dims(col_factor, row)  # G / sqrt(r_i c_j)
+    sum_u2 = jnp.sum(factors[2] ** 2 * jnp.sum(unit * unit, axis=(row, col), keepdims=True))
     sum_x2 = None if x is None else jnp.sum(jnp.square(x.astype(dtype)))
-    return _Moments(FactoredSecondMoment(v_row, v_col), _sum_u2(v_row, v_col, w, row, col, guard), sum_x2)
+    return _Moments(FactoredSecondMoment(v_row, v_col), sum_u2, sum_x2, factors)
 
 
-def _sum_u2(v_row, v_col, w, row, col, guard):
-    """``sum U^2 = sum_others mean(r) * sum_j w_j / c_j`` (see the module docstring)."""
+def _factors(v_row, v_col, row, col, guard):
+    """``(rsqrt(r), rsqrt(c), sqrt(mean(r)))`` with ``V_ij = r_i c_j / mean(r)``: ``U = G * all three``.
+
+    ``sqrt(mean(r))`` keeps ``r``'s averaged axis (size 1) and gets the column
+    axis inserted, so that it broadcasts against ``G``. No product ``r_i c_j``
+    is formed, which could underflow to 0 in float32 when the gradient is 0.
+    """
     row_in_r = row if row < col else row - 1
-    col_in_c = col if col < row else col - 1
-    mean_r = jnp.mean(v_row, axis=row_in_r)
-    return jnp.sum(mean_r * jnp.sum(w * _inverse(v_col, guard), axis=col_in_c))
+    mean_r = jnp.mean(v_row, axis=row_in_r, keepdims=True)
+    return _rsqrt(v_row, guard), _rsqrt(v_col, guard), jnp.expand_dims(jnp.sqrt(mean_r), col)
 
 
-def _factored_moments(g, x, nu, b2, eps1, row, col, guard, dtype) -> _Moments:
-    """New row/column statistics, ``sum U^2`` and ``sum X^2`` for a factored leaf."""
+def _column_sums_blocked(g, inv_inner, dtype):
+    """CPU: ``(sum_i G_pij^2, sum_i G_pij^2 * inv_inner_pi)``, both (P, m), for ``g`` (P, n, m): one pass.
+
+    For large or wide matrices (``_LOOP_MIN_SIZE``, ``_WIDE_COLUMNS``): a loop over blocks of rows adds each block's squares
+    element-wise into (2, block, m) accumulators that stay in cache; each
+    iteration is one fused element-wise kernel, and the accumulators' rows are
+    summed once per matrix at the end. Matrices ``p`` are looped over too.
+    """
+    num_matrices, n, m = g.shape
+    block = min(n, max(8, min(256, _BLOCK_ELEMENTS // m)))
+    num_blocks = n // block
+    tail = n - num_blocks * block
+
+    def terms(p, lo, size):
+        gb = lax.dynamic_slice(g, (p, lo, 0), (1, size, m))[0].astype(dtype)
+        inv = lax.dynamic_slice(inv_inner, (p, lo), (1, size))[0]
+        g2 = gb * gb
+        return jnp.stack([g2, g2 * inv[:, None]])
+
+    def matrix(p):
+        acc = lax.fori_loop(
+            0, num_blocks, lambda i, acc: acc + terms(p, i * block, block), jnp.zeros((2, block, m), dtype)
+        )
+        sums = jnp.sum(acc, axis=1)
+        if tail:
+            sums = sums + jnp.sum(terms(p, num_blocks * block, tail), axis=1)
+        return sums
+
+    sums = matrix(0)[None] if num_matrices == 1 else lax.map(matrix, jnp.arange(num_matrices))
+    return sums[:, 0], sums[:, 1]
+
+
+def _factored_blocked(g, x, nu, b2, eps1, row, col, guard, dtype) -> _Moments:
+    """The statistics pass for a large or wide leaf whose factored axes are its last two (CPU).
+
+    The leaf is P matrices (n, m). The statistic averaged over the contiguous
+    last axis ("inner": the row statistic for ``factored_dims="last"``) is one
+    fast row reduction; the other ("outer") and ``w_j = sum_i G_ij^2 / inner_i``
+    are column sums, taken by :func:`_column_sums_blocked`, and
+    ``sum_ij G^2 / (r_i c_j) = sum_j w_j / outer_j``.
+    """
+    shape = g.shape
+    n, m = shape[-2], shape[-1]
+    num_matrices = g.size // (n * m)
+    g3 = g.reshape(num_matrices, n, m)
+    inner_is_row = col == len(shape) - 1
+    inner_old = (nu.v_row if inner_is_row else nu.v_col).reshape(num_matrices, n).astype(dtype)
+    outer_old = (nu.v_col if inner_is_row else nu.v_row).reshape(num_matrices, m).astype(dtype)
+    gc = g3.astype(dtype)
+    inner = _ema(inner_old, jnp.mean(gc * gc, axis=-1), b2, eps1)
+    outer_sum, w = _column_sums_blocked(g3, _inverse(inner, guard), dtype)
+    outer = _ema(outer_old, outer_sum / n, b2, eps1)
+    mean_r = jnp.mean(inner if inner_is_row else outer, axis=-1)
+    sum_u2 = jnp.sum(mean_r * jnp.sum(w * _inverse(outer, guard), axis=-1))
+    sum_x2 = None if x is None else jnp.sum(jnp.square(x.astype(dtype)))
+    if inner_is_row:
+        v_row, v_col = inner.reshape(_without(shape, col)), outer.reshape(_without(shape, row))
+    else:
+        v_row, v_col = outer.reshape(_without(shape, col)), inner.reshape(_without(shape, row))
+    return _Moments(FactoredSecondMoment(v_row, v_col), sum_u2, sum_x2, _factors(v_row, v_col, row, col, guard))
+
+
+def _factored_moments(g, x, nu, b2, eps1, row, col, guard, dtype, split) -> _Moments:
+    """New row/column statistics, ``sum U^2`` and ``sum X^2`` for a factored leaf.
+
+    ``split``: the leaf is, or may be, divided among devices (decided by the
+    caller on the arrays it holds, see :func:`_step`).
+    """
     args = (g, x, nu, b2, eps1, row, col, guard, dtype)
-    # GPUs and TPUs fuse the reductions of G into one pass; XLA:CPU runs each
-    # as its own kernel and would share a materialized G^2 between them.
-    return lax.platform_dependent(cpu=lambda: _factored_plain(*args, separate=True),
-                                  default=lambda: _factored_plain(*args))
+    shape = g.shape
+    loop = ({row, col} == {len(shape) - 2, len(shape) - 1} and shape[-2] >= 8
+            and (shape[-1] > _WIDE_COLUMNS or g.size >= _LOOP_MIN_SIZE))
+    # The loop slices G along its rows and matrices; were those split among
+    # devices, XLA would gather all of G onto every device for it. A leaf that
+    # is (or, on a mesh with Auto axes, may be) sharded takes the reductions,
+    # which XLA partitions with only vector-sized all-reduces.
+    if loop and not split:
+        cpu = lambda: _factored_blocked(*args)  # noqa: E731
+    else:
+        cpu = lambda: _factored_plain(*args, separate=True)  # noqa: E731
+    # GPUs and TPUs run the reductions at memory speed and fuse them into one pass over G.
+    return lax.platform_dependent(cpu=cpu, default=lambda: _factored_plain(*args))
 
 
 def _full_moments(g, x, nu, b2, eps1, guard, dtype) -> _Moments:
     """New second moment, ``sum U^2`` and ``sum X^2`` for an unfactored leaf."""
     g = g.astype(dtype)
-    g2 = g * g
-    v = _ema(nu.v.astype(dtype), g2, b2, eps1)
-    sum_u2 = jnp.sum(g2 * _inverse(v, guard))
+    v = _ema(nu.v.astype(dtype), g * g, b2, eps1)
+    factor = _rsqrt(v, guard)
+    sum_u2 = jnp.sum(jnp.square(g * factor))
     sum_x2 = None if x is None else jnp.sum(jnp.square(x.astype(dtype)))
-    return _Moments(FullSecondMoment(v), sum_u2, sum_x2)
+    return _Moments(FullSecondMoment(v), sum_u2, sum_x2, (factor,))
 
 
-def _statistics(g, x, nu, b2, eps1, axes, guard, dtype) -> _Moments:
+def _statistics(g, x, nu, b2, eps1, axes, guard, dtype, split=False) -> _Moments:
     """The statistics pass: new ``R_t, C_t`` (or ``V_t``), ``sum U_t^2`` and ``sum X_{t-1}^2`` (if ``x``)."""
     if axes is None:
         return _full_moments(g, x, nu, b2, eps1, guard, dtype)
-    return _factored_moments(g, x, nu, b2, eps1, *axes, guard, dtype)
+    return _factored_moments(g, x, nu, b2, eps1, *axes, guard, dtype, split)
 
 
-def _normalized(g, nu, axes, scale, guard, dtype):
-    """``scale * G / sqrt(V_t)`` for one leaf, with the scalar ``scale`` folded into a vector.
-
-    Factored: ``V_ij = r_i c_j / mean(r)``, so ``G / sqrt(V) = G * rsqrt(r_i / mean(r)) * rsqrt(c_j)``:
-    two multiplications per element, and no product ``r_i c_j`` that could
-    underflow to 0 in float32 when the gradient is 0.
-    """
+def _normalized(g, moments: _Moments, axes, scale, dtype):
+    """``scale * U_t`` for one leaf, from the factors of ``U_t`` (see :class:`_Moments`)."""
     g = g.astype(dtype)
     if axes is None:
-        return g * (scale * _rsqrt(nu.v, guard))
+        return g * (scale * moments.factors[0])
     row, col = axes
-    row_in_r = row if row < col else row - 1
-    mean_r = jnp.mean(nu.v_row, axis=row_in_r, keepdims=True)
-    row_factor = scale * _rsqrt(nu.v_row * _inverse(mean_r, guard), guard)
-    col_factor = _rsqrt(nu.v_col, guard)
-    return g * jnp.expand_dims(row_factor, col) * jnp.expand_dims(col_factor, row)
+    row_factor, col_factor, sqrt_mean_r = moments.factors
+    return g * jnp.expand_dims(row_factor, col) * jnp.expand_dims(col_factor, row) * (scale * sqrt_mean_r)
 
 
 class _Config(NamedTuple):
@@ -306,7 +401,7 @@ class _Config(NamedTuple):
     guard: bool  # eps1 may be 0: divisions by statistics guarded
 
 
-def _adafactor_leaf(g, x, nu, m, *, axes, b2, lr, config: _Config, dtype):
+def _adafactor_leaf(g, x, nu, m, *, axes, b2, lr, config: _Config, dtype, split=False):
     """SPEC 5 for one tensor: ``(update, new statistics, new first moment)``, with ``X_t = X_{t-1} - update``.
 
     ``axes`` are the leaf's factored axes (None: a full second moment), ``b2``
@@ -323,7 +418,7 @@ def _adafactor_leaf(g, x, nu, m, *, axes, b2, lr, config: _Config, dtype):
         update  = update + weight_decay_rate * alpha_t * X_{t-1}   (weight decay)
     """
     x_for_scale = x if config.multiply_by_parameter_scale else None
-    moments = _statistics(g, x_for_scale, nu, b2, config.eps1, axes, config.guard, dtype)
+    moments = _statistics(g, x_for_scale, nu, b2, config.eps1, axes, config.guard, dtype, split)
     alpha = lr
     if config.multiply_by_parameter_scale:
         alpha = lr * jnp.maximum(jnp.asarray(config.eps2, dtype), _rms(moments.sum_x2, g.size, dtype))
@@ -332,7 +427,7 @@ def _adafactor_leaf(g, x, nu, m, *, axes, b2, lr, config: _Config, dtype):
         rms_u = _rms(moments.sum_u2, g.size, dtype)
         d = jnp.asarray(config.clipping_threshold, dtype)
         scale = alpha / jnp.maximum(jnp.asarray(1, dtype), rms_u / d)
-    update = _normalized(g, moments.nu, axes, scale, config.guard, dtype)
+    update = _normalized(g, moments, axes, scale, dtype)
     m_new = None
     if config.b1 is not None:
         b1 = jnp.asarray(config.b1, dtype)
@@ -345,15 +440,15 @@ def _adafactor_leaf(g, x, nu, m, *, axes, b2, lr, config: _Config, dtype):
 
 @functools.partial(jax.jit, static_argnames=("static",))
 def _adafactor_leaf_jit(g, x, nu, m, b2, lr, numbers, *, static):
-    axes, dtype, multiply_by_parameter_scale, guard = static
+    axes, dtype, split, multiply_by_parameter_scale, guard = static[:5]
     eps1, eps2, clipping_threshold, b1, weight_decay_rate = numbers
     config = _Config(eps1=eps1, eps2=eps2, clipping_threshold=clipping_threshold,
                      multiply_by_parameter_scale=multiply_by_parameter_scale, b1=b1,
                      weight_decay_rate=weight_decay_rate, guard=guard)
-    return _adafactor_leaf(g, x, nu, m, axes=axes, b2=b2, lr=lr, config=config, dtype=dtype)
+    return _adafactor_leaf(g, x, nu, m, axes=axes, b2=b2, lr=lr, config=config, dtype=dtype, split=split)
 
 
-def _leaf_step(g, x, nu, m, *, axes, b2, lr, config: _Config, dtype):
+def _leaf_step(g, x, nu, m, *, axes, b2, lr, config: _Config, dtype, split):
     """:func:`_adafactor_leaf` traced once per distinct leaf (shapes, dtypes, options), not once per leaf.
 
     A parameter tree repeats a few shapes many times (a transformer's layers).
@@ -367,11 +462,14 @@ def _leaf_step(g, x, nu, m, *, axes, b2, lr, config: _Config, dtype):
 
     The hyperparameters are arguments (they may be traced under
     ``optax.inject_hyperparams``); what decides the program is static: the
-    factored axes, the dtype and the options.
+    factored axes, the dtype, ``split`` (decided outside, on the arrays the
+    caller holds, whose shardings are known), the options, and the CPU loop's
+    thresholds (read now, so that changing them retraces).
     """
     numbers = tuple(None if v is None else jnp.asarray(v, dtype) for v in
                     (config.eps1, config.eps2, config.clipping_threshold, config.b1, config.weight_decay_rate))
-    static = (axes, np.dtype(dtype), bool(config.multiply_by_parameter_scale), bool(config.guard))
+    static = (axes, np.dtype(dtype), bool(split), bool(config.multiply_by_parameter_scale), bool(config.guard),
+              _LOOP_MIN_SIZE, _WIDE_COLUMNS, _BLOCK_ELEMENTS)
     return _adafactor_leaf_jit(g, x, nu, m, b2, lr, numbers, static=static)
 
 
@@ -524,11 +622,13 @@ def _step(grads, nodes, xs, mus, scalars, config: _Config, factored_dims: str):
         x = None if x is None else jnp.asarray(x)
         dtype = compute_dtype(g.dtype, *(leaf.dtype for leaf in node), None if x is None else x.dtype,
                               None if m is None else m.dtype)
-        axes = None
+        axes, split = None, False
         if isinstance(node, FactoredSecondMoment):
             axes = factored_axes(g.shape, factored=True, factored_dims=factored_dims, min_dim_size_to_factor=1)
+            split = any(sharding.may_be_split(a) for a in (g, *node))
         b2, lr = scalars(dtype)
-        update, nu, m_new = _leaf_step(g, x, node, m, axes=axes, b2=b2, lr=lr, config=config, dtype=dtype)
+        update, nu, m_new = _leaf_step(g, x, node, m, axes=axes, b2=b2, lr=lr, config=config, dtype=dtype,
+                                       split=split)
         new_updates.append(update.astype(g.dtype if x is None else x.dtype))
         new_nu.append(type(node)(*(a.astype(b.dtype) for a, b in zip(nu, node))))
         if m_new is not None:

@@ -43,6 +43,7 @@ __all__ = [
     "full_like",
     "zeros_without_axis",
     "tree_zeros_like",
+    "may_be_split",
     "is_box",
     "unbox",
     "rebox",
@@ -50,6 +51,7 @@ __all__ = [
     "key_name",
 ]
 
+_AUTO = getattr(getattr(jax.sharding, "AxisType", None), "Auto", None)
 _MANUAL = getattr(getattr(jax.sharding, "AxisType", None), "Manual", None)
 
 
@@ -85,6 +87,32 @@ def _spec_entries(spec: PartitionSpec, ndim: int) -> list:
     """The ``PartitionSpec``'s entry for every axis (a short spec leaves the last axes unsharded)."""
     entries = list(spec)
     return entries + [None] * (ndim - len(entries))
+
+
+def _named_axes(entry) -> tuple:
+    if entry is None or entry is PartitionSpec.UNCONSTRAINED:
+        return ()
+    return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+
+
+def may_be_split(x) -> bool:
+    """Whether ``x`` is, or may be, divided among several devices (its sharding is not known to be whole).
+
+    A concrete array: its sharding is not fully replicated. A tracer: its type
+    names a mesh axis of size > 1 in its ``PartitionSpec`` (``Explicit``
+    axes), or its mesh has an ``Auto`` axis of size > 1 (XLA may split it
+    along that axis: the answer is yes to be safe). ``Manual`` axes (inside
+    ``jax.shard_map``) hold per-device blocks, which are whole arrays locally.
+    """
+    if not isinstance(x, jax.core.Tracer):
+        sharding = getattr(x, "sharding", None)
+        return sharding is not None and not sharding.is_fully_replicated
+    axes = _mesh_axes(x)
+    if any(size > 1 and kind == _AUTO for _, size, kind in axes):
+        return True
+    sizes = {name: size for name, size, kind in axes if kind != _MANUAL}
+    spec = getattr(_type_sharding(x), "spec", None) or PartitionSpec()
+    return any(sizes.get(name, 1) > 1 for entry in spec for name in _named_axes(entry))
 
 
 def _zeros_from(p, dtype) -> jax.Array:
