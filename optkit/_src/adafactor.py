@@ -5,8 +5,8 @@ Layout of this module:
 1. state node types: a factored leaf keeps its row and column statistics
    (:class:`FactoredSecondMoment`), any other leaf one full second-moment array
    (:class:`FullSecondMoment`); nothing else, no placeholder arrays;
-2. per-leaf formulas (the paper's algorithm for one tensor), with one CPU fast
-   path for the reductions of large matrices;
+2. per-leaf formulas (the paper's algorithm for one tensor), with one CPU path
+   for the column sums of large or wide matrices;
 3. the Optax transformations: :func:`scale_by_factored_rms` (the factored
    second-moment normalisation alone), :func:`scale_by_adafactor` (the whole
    step, positive) and the :func:`adafactor` alias.
@@ -14,27 +14,27 @@ Layout of this module:
 Passes over memory. For a factored matrix the step needs the row and column
 means of ``G^2``, ``RMS(X_{t-1})`` and ``RMS(U_t)`` before any element of the
 update can be written, so ``G`` and ``X`` must each be read at least twice.
-``RMS(U_t)`` costs no pass of its own: with ``V_ij = r_i c_j / mean(r)``,
+With ``V_ij = r_i c_j / mean(r)``,
 
-    sum_ij U_ij^2 = sum_ij G_ij^2 mean(r) / (r_i c_j) = mean(r) * sum_j w_j / c_j,
-    w_j = sum_i G_ij^2 / r_i,
+    sum_ij U_ij^2 = mean(r) * sum_ij (G_ij rsqrt(r_i) rsqrt(c_j))^2,
 
-a column sum taken beside the column means once the row means are known.
-Each statistic is one reduction (XLA fuses the squaring into it): a step
-reads ``G`` four times and ``X`` twice and writes ``X`` once, 28 bytes a
-float32 parameter against ``optax.adam``'s 40 (seven arrays read, three
-written; ``benchmarks/run.py``). On CPU the column reductions square ``G``
-behind an optimization barrier, since XLA would otherwise compute ``G^2``
-once into a temporary as large as the leaf. XLA partitions the same
-reductions of a sharded leaf with vector-sized all-reduces.
+and the two reciprocal square roots are the factors of the update too
+(:func:`_factors`). Each statistic is one reduction that squares ``G``
+itself (on CPU, optimization barriers keep XLA from computing ``G^2`` once
+into a temporary as large as the leaf): a step reads ``G`` four times and
+``X`` twice and writes ``X`` once, 28 bytes a float32 parameter against
+``optax.adam``'s 40 (seven arrays read, three written; ``benchmarks/run.py``).
+On CPU a matrix of 2^22 elements or more, or wider than 6144 columns, takes a
+loop over blocks of rows for both column sums (``w_j = sum_i G_ij^2 / r_i``
+beside the column means, 24 bytes a parameter; :func:`_column_sums_blocked`).
+That loop slices ``G`` along its rows, so a leaf that is, or may be, sharded
+takes the reductions, which XLA partitions with vector-sized all-reduces.
 
 Compile time: :func:`_leaf_step` traces each distinct kind of leaf once (a
 transformer repeats a few shapes many times) and XLA compiles identical
 kernels once, so the first call grows with the number of distinct leaf
 shapes rather than with the number of leaves (``benchmarks/RESULTS.md``,
-issue 18, which also records the designs that were measured and dropped: a
-loop over row blocks that read ``G`` once for both column sums, and stacking
-leaves of one shape).
+issue 18, which also records the designs that were measured and dropped).
 """
 
 from __future__ import annotations
@@ -281,10 +281,11 @@ def _factors(v_row, v_col, row, col, guard):
 def _column_sums_blocked(g, inv_inner, dtype):
     """CPU: ``(sum_i G_pij^2, sum_i G_pij^2 * inv_inner_pi)``, both (P, m), for ``g`` (P, n, m): one pass.
 
-    For large or wide matrices (``_LOOP_MIN_SIZE``, ``_WIDE_COLUMNS``): a loop over blocks of rows adds each block's squares
-    element-wise into (2, block, m) accumulators that stay in cache; each
-    iteration is one fused element-wise kernel, and the accumulators' rows are
-    summed once per matrix at the end. Matrices ``p`` are looped over too.
+    For large or wide matrices (``_LOOP_MIN_SIZE``, ``_WIDE_COLUMNS``): a loop
+    over blocks of rows adds each block's squares element-wise into
+    (2, block, m) accumulators that stay in cache; each iteration is one fused
+    element-wise kernel, and the accumulators' rows are summed once per matrix
+    at the end. Matrices ``p`` are looped over too.
     """
     num_matrices, n, m = g.shape
     block = min(n, max(8, min(256, _BLOCK_ELEMENTS // m)))
