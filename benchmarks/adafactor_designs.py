@@ -14,7 +14,8 @@ Designs (``factored_dims="largest", min_dim_size_to_factor=128``, as ``benchmark
   65,536 elements takes a loop over blocks of rows that reads ``G`` once for
   both column sums (24 B a parameter), smaller ones reductions; ``sum U^2``
   from the column sums ``w_j = sum_i G_ij^2 / r_i``; each leaf traced on its
-  own. Its code lives here now (:func:`_column_sums_blocked`);
+  own. The loop is the one optkit still ships for large matrices
+  (``optkit._src.adafactor._factored_blocked``);
 - ``0.1.0+jit``: the same, each distinct leaf traced once (``_leaf_step``);
 - ``w-form+jit``: reductions only, ``sum U^2`` as ``sum_j w_j / c_j``, which
   XLA:CPU merges into one reduction over both axes that runs 10x slower on
@@ -62,65 +63,10 @@ TREES = {
     "matrix": lambda: {"w": jax.ShapeDtypeStruct((8192, 4096), jnp.float32)},
 }
 _SHIPPED = (_af._factored_moments, _af._leaf_step, _af._step)
-_BLOCK_ELEMENTS = 1 << 14  # elements per block of rows (2 x 64 KiB of float32 accumulators)
 
 
 def _untraced_leaf(g, x, nu, m, *, axes, b2, lr, config, dtype, split):
     return _af._adafactor_leaf(g, x, nu, m, axes=axes, b2=b2, lr=lr, config=config, dtype=dtype, split=split)
-
-
-def _column_sums_blocked(g, inv_inner, dtype):
-    """``(sum_i G_pij^2, sum_i G_pij^2 * inv_inner_pi)``, both (P, m), for ``g`` (P, n, m), in one pass.
-
-    A loop over blocks of rows adds each block's squares element-wise into
-    (2, block, m) accumulators that stay in cache, so ``g`` is read once; the
-    accumulators' rows are summed once per matrix at the end.
-    """
-    num_matrices, n, m = g.shape
-    block = min(n, max(8, min(256, _BLOCK_ELEMENTS // m)))
-    num_blocks = n // block
-    tail = n - num_blocks * block
-
-    def terms(p, lo, size):
-        gb = jax.lax.dynamic_slice(g, (p, lo, 0), (1, size, m))[0].astype(dtype)
-        inv = jax.lax.dynamic_slice(inv_inner, (p, lo), (1, size))[0]
-        g2 = gb * gb
-        return jnp.stack([g2, g2 * inv[:, None]])
-
-    def matrix(p):
-        acc = jax.lax.fori_loop(0, num_blocks, lambda i, acc: acc + terms(p, i * block, block),
-                                jnp.zeros((2, block, m), dtype))
-        sums = jnp.sum(acc, axis=1)
-        if tail:
-            sums = sums + jnp.sum(terms(p, num_blocks * block, tail), axis=1)
-        return sums
-
-    sums = matrix(0)[None] if num_matrices == 1 else jax.lax.map(matrix, jnp.arange(num_matrices))
-    return sums[:, 0], sums[:, 1]
-
-
-def _factored_blocked(g, x, nu, b2, eps1, row, col, guard, dtype):
-    """The statistics of a leaf factored over its last two axes with the loop (0.1.0's CPU path)."""
-    shape = g.shape
-    n, m = shape[-2], shape[-1]
-    num_matrices = g.size // (n * m)
-    g3 = g.reshape(num_matrices, n, m)
-    inner_is_row = col == len(shape) - 1
-    inner_old = (nu.v_row if inner_is_row else nu.v_col).reshape(num_matrices, n).astype(dtype)
-    outer_old = (nu.v_col if inner_is_row else nu.v_row).reshape(num_matrices, m).astype(dtype)
-    gc = g3.astype(dtype)
-    inner = _af._ema(inner_old, jnp.mean(gc * gc, axis=-1), b2, eps1)
-    outer_sum, w = _column_sums_blocked(g3, _af._inverse(inner, guard), dtype)
-    outer = _af._ema(outer_old, outer_sum / n, b2, eps1)
-    mean_r = jnp.mean(inner if inner_is_row else outer, axis=-1)
-    sum_u2 = jnp.sum(mean_r * jnp.sum(w * _af._inverse(outer, guard), axis=-1))
-    sum_x2 = None if x is None else jnp.sum(jnp.square(x.astype(dtype)))
-    if inner_is_row:
-        v_row, v_col = inner.reshape(_af._without(shape, col)), outer.reshape(_af._without(shape, row))
-    else:
-        v_row, v_col = outer.reshape(_af._without(shape, col)), inner.reshape(_af._without(shape, row))
-    return _af._Moments(_af.FactoredSecondMoment(v_row, v_col), sum_u2, sum_x2,
-                        _af._factors(v_row, v_col, row, col, guard))
 
 
 def _factored_w_form(g, x, nu, b2, eps1, row, col, guard, dtype):
@@ -143,7 +89,7 @@ def _factored_0_1_0(g, x, nu, b2, eps1, row, col, guard, dtype, split):
     """0.1.0's choice on one CPU device: the loop from 65,536 elements, the w-form reductions otherwise."""
     shape = g.shape
     if {row, col} == {len(shape) - 2, len(shape) - 1} and shape[-2] >= 8 and g.size >= 1 << 16:
-        return _factored_blocked(g, x, nu, b2, eps1, row, col, guard, dtype)
+        return _af._factored_blocked(g, x, nu, b2, eps1, row, col, guard, dtype)
     return _factored_w_form(g, x, nu, b2, eps1, row, col, guard, dtype)
 
 
