@@ -15,22 +15,13 @@ def _entry(hlo: str) -> str:
     return hlo[hlo.index("\nENTRY"):]
 
 
-def full_array_traffic(hlo: str, size: int) -> dict[str, int]:
-    """Top-level kernels of the entry computation of ``hlo`` that touch an array of ``size`` elements.
+def _kernel_traffic(hlo: str, count):
+    """``(kernels, read, written)`` summed over the entry's top-level kernels, ``count(type text)`` per array.
 
-    ``hlo`` is the text of a compiled program (``jax.jit(f).lower(...).compile().as_text()``).
-    Each operand with ``size`` elements (any shape, any dtype; bitcasts reshape
-    for free) is one read, a result with ``size`` elements one write; a ``while``
-    loop carrying such an array (read in blocks by its body) counts one read and
-    no write. Returns ``{"kernels", "reads", "writes"}``.
+    A ``while`` loop counts its carried operand as read once and writes nothing.
     """
-
-    def count(type_text: str) -> int:
-        dims = re.findall(r"\b[fsub]\w*\[([\d,]*)\]", type_text)
-        return sum(1 for d in dims if int(np.prod([int(x) for x in d.split(",") if x] or [1])) == size)
-
     types: dict[str, str] = {}
-    kernels = reads = writes = 0
+    kernels = read = written = 0
     for line in _entry(hlo).splitlines()[1:]:
         match = _INSTRUCTION.match(line)
         if not match:
@@ -45,7 +36,25 @@ def full_array_traffic(hlo: str, size: int) -> dict[str, int]:
         else:
             r, w = sum(count(types.get(n, "")) for n in names), count(out_type)
         if r or w:
-            kernels, reads, writes = kernels + 1, reads + r, writes + w
+            kernels, read, written = kernels + 1, read + r, written + w
+    return kernels, read, written
+
+
+def full_array_traffic(hlo: str, size: int) -> dict[str, int]:
+    """Top-level kernels of the entry computation of ``hlo`` that touch an array of ``size`` elements.
+
+    ``hlo`` is the text of a compiled program (``jax.jit(f).lower(...).compile().as_text()``).
+    Each operand with ``size`` elements (any shape, any dtype; bitcasts reshape
+    for free) is one read, a result with ``size`` elements one write; a ``while``
+    loop carrying such an array (read in blocks by its body) counts one read and
+    no write. Returns ``{"kernels", "reads", "writes"}``.
+    """
+
+    def count(type_text: str) -> int:
+        dims = re.findall(r"\b[fsub]\w*\[([\d,]*)\]", type_text)
+        return sum(1 for d in dims if int(np.prod([int(x) for x in d.split(",") if x] or [1])) == size)
+
+    kernels, reads, writes = _kernel_traffic(hlo, count)
     return {"kernels": kernels, "reads": reads, "writes": writes}
 
 
@@ -71,23 +80,7 @@ def tree_traffic(hlo: str, sizes) -> dict[str, int]:
                 total += n * itemsize.get(dtype, 4)
         return total
 
-    types: dict[str, str] = {}
-    kernels = read = written = 0
-    for line in _entry(hlo).splitlines()[1:]:
-        match = _INSTRUCTION.match(line)
-        if not match:
-            continue
-        name, out_type, opcode, operands = match.groups()
-        types[name] = out_type
-        if opcode in _FREE_OPS:
-            continue
-        names = re.findall(r"%([\w.\-]+)", operands)
-        if opcode == "while":
-            r, w = count(types.get(names[0], "")), 0
-        else:
-            r, w = sum(count(types.get(n, "")) for n in names), count(out_type)
-        if r or w:
-            kernels, read, written = kernels + 1, read + r, written + w
+    kernels, read, written = _kernel_traffic(hlo, count)
     return {"kernels": kernels, "read_bytes": read, "written_bytes": written}
 
 
