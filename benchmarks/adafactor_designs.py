@@ -15,13 +15,17 @@ Designs (``factored_dims="largest", min_dim_size_to_factor=128``, as ``benchmark
   both column sums (24 B a parameter), smaller ones reductions; ``sum U^2``
   from the column sums ``w_j = sum_i G_ij^2 / r_i``; each leaf traced on its
   own. The loop is the one optkit still ships for large matrices
-  (``optkit._src.adafactor._factored_blocked``);
+  (``optkit._src.adafactor._factored_blocked``) with 0.1.0's blocks and
+  ``sum X^2`` apart (:func:`_blocked_x_apart`);
 - ``0.1.0+jit``: the same, each distinct leaf traced once (``_leaf_step``);
 - ``w-form+jit``: reductions only, ``sum U^2`` as ``sum_j w_j / c_j``, which
   XLA:CPU merges into one reduction over both axes that runs 10x slower on
   tall matrices (the GPT-2 embedding);
 - ``reductions``: the shipped statistics (reductions, the loop only for
   matrices from 2^22 elements or wider than 6144), each leaf traced on its own;
+- ``blocks-2^14+jit``: shipped before the loop's blocks of rows grew from
+  2^14 to 2^17 elements and ``sum X^2`` moved into the loop (which only runs
+  for large or wide matrices);
 - ``reductions+jit``: shipped;
 - ``grouped+jit``: shipped, with the unfactored leaves of one shape stacked
   into one array and run as one (``jax.vmap``), then split.
@@ -56,13 +60,20 @@ from benchmarks._hlo import kernel_count, tree_traffic
 from benchmarks.run import _make_tree, gpt_tree, transformer_tree
 from optkit._src import adafactor as _af
 
-DESIGNS = ("0.1.0", "0.1.0+jit", "w-form+jit", "reductions", "reductions+jit", "grouped+jit")
+DESIGNS = ("0.1.0", "0.1.0+jit", "w-form+jit", "reductions", "blocks-2^14+jit", "reductions+jit", "grouped+jit")
 TREES = {
     "transformer": lambda: transformer_tree(False)[0],
     "gpt": lambda: gpt_tree(False),
     "matrix": lambda: {"w": jax.ShapeDtypeStruct((8192, 4096), jnp.float32)},
 }
 _SHIPPED = (_af._factored_moments, _af._leaf_step, _af._step)
+_SHIPPED_LOOP = (_af._factored_blocked, _af._BLOCK_ELEMENTS)
+
+
+def _blocked_x_apart(g, x, nu, b2, eps1, row, col, guard, dtype):
+    """The row-block loop as it was before ``sum X^2`` moved into it: ``X^2`` reduced on its own."""
+    moments = _SHIPPED_LOOP[0](g, None, nu, b2, eps1, row, col, guard, dtype)
+    return moments._replace(sum_x2=None if x is None else jnp.sum(jnp.square(x.astype(dtype))))
 
 
 def _untraced_leaf(g, x, nu, m, *, axes, b2, lr, config, dtype, split):
@@ -89,7 +100,7 @@ def _factored_0_1_0(g, x, nu, b2, eps1, row, col, guard, dtype, split):
     """0.1.0's choice on one CPU device: the loop from 65,536 elements, the w-form reductions otherwise."""
     shape = g.shape
     if {row, col} == {len(shape) - 2, len(shape) - 1} and shape[-2] >= 8 and g.size >= 1 << 16:
-        return _af._factored_blocked(g, x, nu, b2, eps1, row, col, guard, dtype)
+        return _blocked_x_apart(g, x, nu, b2, eps1, row, col, guard, dtype)
     return _factored_w_form(g, x, nu, b2, eps1, row, col, guard, dtype)
 
 
@@ -132,13 +143,20 @@ def use(design: str) -> None:
     if design not in DESIGNS:
         raise ValueError(f"unknown design {design!r}; known: {DESIGNS}")
     moments, leaf_step, step = _SHIPPED
+    _af._factored_blocked, _af._BLOCK_ELEMENTS = _SHIPPED_LOOP
     if design.startswith("0.1.0"):
         moments = _factored_0_1_0
+        _af._factored_blocked, _af._BLOCK_ELEMENTS = _blocked_x_apart, 1 << 14  # 0.1.0's loop
+    elif design.startswith("blocks-2^14"):
+        _af._factored_blocked, _af._BLOCK_ELEMENTS = _blocked_x_apart, 1 << 14
     elif design.startswith("w-form"):
         moments = lambda *args: _factored_w_form(*args[:-1])  # noqa: E731 (no split: one device)
     _af._factored_moments = moments
     _af._leaf_step = leaf_step if design.endswith("+jit") else _untraced_leaf
     _af._step = _grouped_step if design.startswith("grouped") else step
+    # The per-leaf traces are cached by static options only, which the designs
+    # share: drop them, or the next design would reuse the last one's.
+    _af._adafactor_leaf_jit.clear_cache()
 
 
 def _stepper(name: str, abstract):
@@ -155,6 +173,17 @@ def _stepper(name: str, abstract):
     params, grads = _make_tree(abstract, 0.0, 0.01), _make_tree(abstract, 0.5, 1.0)
     jax.block_until_ready((params, grads))
     return jax.jit(step, donate_argnums=(0, 1)), params, tx.init(params), grads
+
+
+def _compiled_stepper(name: str, abstract):
+    """``_stepper`` traced and compiled now, while ``name``'s design is the one in use.
+
+    The design's functions are module globals of ``optkit._src.adafactor``, read
+    when the step is traced; a step traced later, after another ``use``, would
+    be that other design.
+    """
+    jitted, params, state, grads = _stepper(name, abstract)
+    return jitted.lower(params, state, grads).compile(), params, state, grads
 
 
 def first_call(tree: str, name: str) -> dict:
@@ -180,16 +209,26 @@ def first_call(tree: str, name: str) -> dict:
 
 
 def steps(tree: str, names: list[str], rounds: int) -> dict[str, dict[str, float]]:
-    """Step medians (ms) and medians of per-round ratios to the last name, timed round-robin in one process."""
+    """Step medians (ms) and medians of per-round ratios to the last name, timed round-robin in one process.
+
+    The rounds are split into four epochs with every candidate's arrays in new
+    buffers for each (see ``benchmarks.run.time_rotated``).
+    """
     abstract = TREES[tree]()
     state = {}
     for name in names:
-        jitted, params, opt_state, grads = _stepper(name, abstract)
-        state[name] = [jitted, params, opt_state, grads]
+        state[name] = list(_compiled_stepper(name, abstract))
     times: dict[str, list[float]] = {name: [] for name in names}
     order = list(names)
     rng = random.Random(0)
+    per_epoch = max(1, -(-rounds // 4))
     for r in range(rounds + 2):
+        if r > 2 and (r - 2) % per_epoch == 0:  # new buffers for every candidate (benchmarks.run.time_rotated)
+            old = [entry[1:] for entry in state.values()]
+            for entry in state.values():
+                entry[1:] = [jax.tree.map(lambda x: jnp.array(x, copy=True), t) for t in entry[1:]]
+            jax.block_until_ready([entry[1:] for entry in state.values()])
+            del old
         rng.shuffle(order)
         for name in order:
             jitted, params, opt_state, grads = state[name]

@@ -308,7 +308,7 @@ else:
     @pytest.mark.parametrize("spec", [P("model", None), P(None, "model"), P(("data", "model"), None)])
     def test_wide_sharded_leaf_skips_the_cpu_row_block_loop(spec):
         """Adafactor's CPU loop (wide or large leaves) slices G along its rows; a sharded leaf takes reductions."""
-        shape = (16, 8192)  # wider than the loop's 6144 columns
+        shape = (64, 8192)  # wider than the loop's 6144 columns, several blocks of rows
         tx = optkit.adafactor()
         key_p, key_g = jax.random.split(jax.random.key(1))
         params, grads = jax.random.normal(key_p, shape), jax.random.normal(key_g, shape)

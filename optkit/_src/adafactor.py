@@ -25,8 +25,9 @@ into a temporary as large as the leaf): a step reads ``G`` four times and
 ``X`` twice and writes ``X`` once, 28 bytes a float32 parameter against
 ``optax.adam``'s 40 (seven arrays read, three written; ``benchmarks/run.py``).
 On CPU a matrix of 2^22 elements or more, or wider than 6144 columns, takes a
-loop over blocks of rows for both column sums (``w_j = sum_i G_ij^2 / r_i``
-beside the column means, 24 bytes a parameter; :func:`_column_sums_blocked`).
+loop over blocks of rows for both column sums and ``sum X^2``
+(``w_j = sum_i G_ij^2 / r_i`` beside the column means, 24 bytes a parameter;
+:func:`_column_sums_blocked`).
 That loop slices ``G`` along its rows, so a leaf that is, or may be, sharded
 takes the reductions, which XLA partitions with vector-sized all-reduces.
 
@@ -238,8 +239,13 @@ class _Moments(NamedTuple):
 # columns against 5.4 ms in 6144 (benchmarks/RESULTS.md).
 _LOOP_MIN_SIZE = 1 << 22
 _WIDE_COLUMNS = 6144
-# Elements per block of rows in that loop (2 x 64 KiB of float32 accumulators).
-_BLOCK_ELEMENTS = 1 << 14
+# Elements per block of rows in that loop: 2 x 512 KiB of float32 accumulators,
+# which stay in the two cores' second-level caches (1 MiB each here). Each
+# iteration costs a few microseconds besides its bytes, so blocks this large
+# (32 rows of 4096, 170 of 768) took 8192x4096 from 0.86x to 0.81x of
+# optax.adam's step and the 50257x768 embedding from 0.91x to 0.83x, against
+# 2^14 elements (benchmarks/RESULTS.md, issue 18).
+_BLOCK_ELEMENTS = 1 << 17
 
 
 def _factored_plain(g, x, nu, b2, eps1, row, col, guard, dtype, separate=False) -> _Moments:
@@ -278,29 +284,36 @@ def _factors(v_row, v_col, row, col, guard):
     return _rsqrt(v_row, guard), _rsqrt(v_col, guard), jnp.expand_dims(jnp.sqrt(mean_r), col)
 
 
-def _column_sums_blocked(g, inv_inner, dtype):
-    """CPU: ``(sum_i G_pij^2, sum_i G_pij^2 * inv_inner_pi)``, both (P, m), for ``g`` (P, n, m): one pass.
+def _column_sums_blocked(g, x, inv_inner, dtype):
+    """CPU: ``sum_i G_pij^2`` and ``sum_i G_pij^2 * inv_inner_pi`` (both (P, m)) and ``sum X^2`` (or None), one pass.
 
-    For large or wide matrices (``_LOOP_MIN_SIZE``, ``_WIDE_COLUMNS``): a loop
-    over blocks of rows adds each block's squares element-wise into
-    (2, block, m) accumulators that stay in cache; each iteration is one fused
-    element-wise kernel, and the accumulators' rows are summed once per matrix
-    at the end. Matrices ``p`` are looped over too.
+    ``g`` and ``x`` are (P, n, m). For large or wide matrices
+    (``_LOOP_MIN_SIZE``, ``_WIDE_COLUMNS``): a loop over blocks of rows adds
+    each block's squares element-wise into (2, block, m) accumulators, or
+    (3, block, m) with ``X^2``, that stay in cache; each iteration is one
+    fused element-wise kernel, and the accumulators' rows are summed once per
+    matrix at the end. Matrices ``p`` are looped over too. Reading ``X`` here
+    rather than in a reduction of its own took 3-4% off the step of an
+    8192x4096 matrix (benchmarks/RESULTS.md, issue 18).
     """
     num_matrices, n, m = g.shape
     block = min(n, max(8, min(256, _BLOCK_ELEMENTS // m)))
     num_blocks = n // block
     tail = n - num_blocks * block
+    parts = 2 if x is None else 3
 
     def terms(p, lo, size):
         gb = lax.dynamic_slice(g, (p, lo, 0), (1, size, m))[0].astype(dtype)
         inv = lax.dynamic_slice(inv_inner, (p, lo), (1, size))[0]
         g2 = gb * gb
-        return jnp.stack([g2, g2 * inv[:, None]])
+        if x is None:
+            return jnp.stack([g2, g2 * inv[:, None]])
+        xb = lax.dynamic_slice(x, (p, lo, 0), (1, size, m))[0].astype(dtype)
+        return jnp.stack([g2, g2 * inv[:, None], xb * xb])
 
     def matrix(p):
         acc = lax.fori_loop(
-            0, num_blocks, lambda i, acc: acc + terms(p, i * block, block), jnp.zeros((2, block, m), dtype)
+            0, num_blocks, lambda i, acc: acc + terms(p, i * block, block), jnp.zeros((parts, block, m), dtype)
         )
         sums = jnp.sum(acc, axis=1)
         if tail:
@@ -308,7 +321,7 @@ def _column_sums_blocked(g, inv_inner, dtype):
         return sums
 
     sums = matrix(0)[None] if num_matrices == 1 else lax.map(matrix, jnp.arange(num_matrices))
-    return sums[:, 0], sums[:, 1]
+    return sums[:, 0], sums[:, 1], None if x is None else jnp.sum(sums[:, 2])
 
 
 def _factored_blocked(g, x, nu, b2, eps1, row, col, guard, dtype) -> _Moments:
@@ -317,8 +330,8 @@ def _factored_blocked(g, x, nu, b2, eps1, row, col, guard, dtype) -> _Moments:
     The leaf is P matrices (n, m). The statistic averaged over the contiguous
     last axis ("inner": the row statistic for ``factored_dims="last"``) is one
     fast row reduction; the other ("outer") and ``w_j = sum_i G_ij^2 / inner_i``
-    are column sums, taken by :func:`_column_sums_blocked`, and
-    ``sum_ij G^2 / (r_i c_j) = sum_j w_j / outer_j``.
+    are column sums, taken by :func:`_column_sums_blocked` in one pass with
+    ``sum X^2`` (when asked), and ``sum_ij G^2 / (r_i c_j) = sum_j w_j / outer_j``.
     """
     shape = g.shape
     n, m = shape[-2], shape[-1]
@@ -329,11 +342,11 @@ def _factored_blocked(g, x, nu, b2, eps1, row, col, guard, dtype) -> _Moments:
     outer_old = (nu.v_col if inner_is_row else nu.v_row).reshape(num_matrices, m).astype(dtype)
     gc = g3.astype(dtype)
     inner = _ema(inner_old, jnp.mean(gc * gc, axis=-1), b2, eps1)
-    outer_sum, w = _column_sums_blocked(g3, _inverse(inner, guard), dtype)
+    x3 = None if x is None else x.reshape(num_matrices, n, m)
+    outer_sum, w, sum_x2 = _column_sums_blocked(g3, x3, _inverse(inner, guard), dtype)
     outer = _ema(outer_old, outer_sum / n, b2, eps1)
     mean_r = jnp.mean(inner if inner_is_row else outer, axis=-1)
     sum_u2 = jnp.sum(mean_r * jnp.sum(w * _inverse(outer, guard), axis=-1))
-    sum_x2 = None if x is None else jnp.sum(jnp.square(x.astype(dtype)))
     if inner_is_row:
         v_row, v_col = inner.reshape(_without(shape, col)), outer.reshape(_without(shape, row))
     else:
