@@ -12,7 +12,8 @@ compute some tensors when the graph is cut at others.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 from optkit._src.graph_nodes import GradientNode, Node, name_of
 
@@ -28,16 +29,19 @@ class GradientPlan:
     leaves: tuple[str, ...]
 
 
+_N = TypeVar("_N", bound=Hashable)  # a graph's node: optkit's Node, or an ONNX node's index
+
+
 def walk_back(
     targets: Iterable[str],
     stop: Collection[str],
-    producer: Mapping[str, Node],
-    deps: Callable[[Node], Iterable[str]],
-) -> tuple[set[Node], tuple[str, ...]]:
+    producer: Mapping[str, _N],
+    deps: Callable[[_N], Iterable[str]],
+) -> tuple[set[_N], tuple[str, ...]]:
     """The nodes that compute ``targets`` when the graph is cut at ``stop``, and the
     tensors outside ``stop`` that no node produces (graph inputs, initializers). A loop:
     graphs loaded from ONNX can be deeper than Python's recursion limit."""
-    nodes: set[Node] = set()
+    nodes: set[_N] = set()
     leaves: set[str] = set()
     seen: set[str] = set()
     stack = list(targets)

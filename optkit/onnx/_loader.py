@@ -32,6 +32,7 @@ import onnx.inliner
 
 from optkit import Graph
 from optkit._src.checks import shape_text
+from optkit._src.graph_analysis import walk_back
 from optkit.onnx._ops import TABLE
 from optkit.onnx._table import (
     DEFAULT_DOMAIN,
@@ -573,7 +574,8 @@ def _check_gradient_depth(nodes, limit: int) -> None:
     its sub-graph (the graph from ``xs + zs`` to ``y``, cut at ``xs + zs``).
     Nodes come in the graph's order (onnx.checker requires it topologically
     sorted), so every inner Gradient node's depth is known before it is
-    needed; each walk is a loop, so no input makes Python recurse.
+    needed; each walk is :func:`optkit._src.graph_analysis.walk_back`, the
+    graph's own cut (a loop, so no input makes Python recurse).
     """
     producer: dict[str, int] = {}
     for index, node in enumerate(nodes):
@@ -589,20 +591,11 @@ def _check_gradient_depth(nodes, limit: int) -> None:
             continue  # parse_attributes refused it already
         y = attrs["y"].s.decode("utf-8", "replace")
         stop = {v.decode("utf-8", "replace") for key in ("xs", "zs") if key in attrs for v in attrs[key].strings}
-        deepest, inner = 0, None
-        stack, seen = [y], set()
-        while stack:
-            tensor = stack.pop()
-            if tensor in seen or tensor in stop:
-                continue
-            seen.add(tensor)
-            p = producer.get(tensor)
-            if p is None:
-                continue
-            if p in depth and depth[p] > deepest:
-                deepest, inner = depth[p], p
-            if p != index:  # a Gradient differentiated through itself: Graph.validate names the cycle
-                stack.extend(nodes[p].input)
+        # The sub-graph, by node index; a Gradient differentiated through itself
+        # is not walked into again (Graph.validate names that cycle).
+        reached, _ = walk_back([y], stop, producer, lambda p, index=index: () if p == index else nodes[p].input)
+        inner = max((p for p in reached if p in depth), key=lambda p: depth[p], default=None)
+        deepest = 0 if inner is None else depth[inner]
         depth[index] = deepest + 1
         if depth[index] > limit:
             name = node.name or f"Gradient#{index}"
