@@ -65,3 +65,85 @@ def onnx_momentum(R, T, X, G, V, *, alpha, beta, mode, norm_coefficient):
     else:
         raise ValueError(mode)
     return X_new, V_new
+
+
+# ---------------------------------------------------------------------------
+# SPEC 5: Adafactor
+
+
+def oracle_axes(shape, factored_dims="last", min_dim=1):
+    """The SPEC 5 rule for which axes are factored: (row axis, column axis) or None."""
+    if len(shape) < 2:
+        return None
+    if factored_dims == "last":
+        row, col = len(shape) - 2, len(shape) - 1
+    else:  # the two largest; the second largest is the row axis; ties as numpy.argsort
+        order = np.argsort(shape)
+        row, col = int(order[-2]), int(order[-1])
+    if min(shape[row], shape[col]) < max(min_dim, 1):
+        return None
+    return row, col
+
+
+class PaperAdafactor:
+    """Shazeer & Stern (2018), Algorithm 4 (matrices) and 5 (other tensors), in float64.
+
+    A factored tensor is moved so that its (row, column) axes are last, and
+    every leading index is one n x m matrix of the paper.
+    """
+
+    def __init__(self, params, *, lr=None, b1=None, decay_rate=0.8, eps1=1e-30, eps2=1e-3, d=1.0,
+                 mps=True, wd=None, factored_dims="last", min_dim=1, factored=True):
+        self.X = {k: np.array(v, np.float64) for k, v in params.items()}
+        self.kw = dict(lr=lr, b1=b1, decay_rate=decay_rate, eps1=eps1, eps2=eps2, d=d, mps=mps, wd=wd)
+        self.axes = {
+            k: oracle_axes(np.shape(v), factored_dims, min_dim) if factored else None
+            for k, v in self.X.items()
+        }
+        self.R, self.C, self.V, self.M = {}, {}, {}, {}
+        self.t = 0
+
+    def step(self, grads):
+        """One update; returns the deltas X_t - X_{t-1}."""
+        self.t += 1
+        t, kw = self.t, self.kw
+        deltas = {}
+        for k, x in self.X.items():
+            g = np.asarray(grads[k], np.float64)
+            if kw["lr"] is None:
+                rho = min(1e-2, 1 / np.sqrt(t))
+            elif callable(kw["lr"]):
+                rho = float(kw["lr"](t - 1))
+            else:
+                rho = kw["lr"]
+            rms_x = np.sqrt(np.mean(x**2)) if x.size else 0.0
+            alpha = max(kw["eps2"], rms_x) * rho if kw["mps"] else rho
+            b2 = 1 - t ** (-kw["decay_rate"])
+            if self.axes[k] is not None:
+                row, col = self.axes[k]
+                gm = np.moveaxis(g, (row, col), (-2, -1))  # (..., n, m)
+                sq = gm**2 + kw["eps1"]
+                ones_m = np.ones(gm.shape[-1])
+                ones_n = np.ones(gm.shape[-2])
+                self.R[k] = b2 * self.R.get(k, 0.0) + (1 - b2) * (sq @ ones_m)  # (..., n)
+                self.C[k] = b2 * self.C.get(k, 0.0) + (1 - b2) * (ones_n @ sq)  # (..., m)
+                denom = self.R[k] @ ones_n  # 1_n^T R_t
+                Vm = self.R[k][..., :, None] * self.C[k][..., None, :] / denom[..., None, None]
+                V = np.moveaxis(Vm, (-2, -1), (row, col))
+            else:
+                self.V[k] = b2 * self.V.get(k, 0.0) + (1 - b2) * (g**2 + kw["eps1"])
+                V = self.V[k]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                U = g / np.sqrt(V)
+            U = np.where(V == 0, 0.0, U)  # only reachable with eps1 = 0
+            if kw["d"] is not None and U.size:
+                U = U / max(1.0, np.sqrt(np.mean(U**2)) / kw["d"])
+            step = alpha * U
+            if kw["b1"] is not None:
+                self.M[k] = kw["b1"] * self.M.get(k, 0.0) + (1 - kw["b1"]) * step
+                step = self.M[k]
+            if kw["wd"] is not None:
+                step = step + kw["wd"] * alpha * x
+            self.X[k] = x - step
+            deltas[k] = -step
+        return deltas

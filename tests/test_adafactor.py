@@ -1,9 +1,9 @@
 """Adafactor (SPEC section 5): optkit.adafactor, scale_by_adafactor, scale_by_factored_rms.
 
 The oracle is the paper's algorithm (Shazeer & Stern 2018, Algorithms 4 and 5)
-transcribed in NumPy float64 below, with the paper's *sums* for the row and
-column statistics (the implementation uses means) and its own choice of the
-factored axes; it shares no code with optkit. Other expectations are analytic
+transcribed in NumPy float64 (``tests/oracles.py``: ``PaperAdafactor``), with the
+paper's *sums* for the row and column statistics (the implementation uses
+means) and its own choice of the factored axes; it shares no code with optkit. Other expectations are analytic
 (a rank-1 gradient, whose factored estimate is exact) or Optax's own Adafactor
 in the configuration that must equal it.
 """
@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 import optkit
 from benchmarks._hlo import full_array_traffic
-from optkit._src import adafactor as adafactor_module
+from optkit._src.adafactor import fast, paper
+from tests.oracles import PaperAdafactor
 
 TRANSFORMS = [pytest.param(jax.jit, id="jit"), pytest.param(lambda f: f, id="nojit")]
 
@@ -33,87 +34,6 @@ TRANSFORMS = [pytest.param(jax.jit, id="jit"), pytest.param(lambda f: f, id="noj
 def _x64():
     with jax.enable_x64(True):
         yield
-
-
-# ---------------------------------------------------------------- the oracle
-
-
-def oracle_axes(shape, factored_dims="last", min_dim=1):
-    """The SPEC 5 rule for which axes are factored: (row axis, column axis) or None."""
-    if len(shape) < 2:
-        return None
-    if factored_dims == "last":
-        row, col = len(shape) - 2, len(shape) - 1
-    else:  # the two largest; the second largest is the row axis; ties as numpy.argsort
-        order = np.argsort(shape)
-        row, col = int(order[-2]), int(order[-1])
-    if min(shape[row], shape[col]) < max(min_dim, 1):
-        return None
-    return row, col
-
-
-class PaperAdafactor:
-    """Shazeer & Stern (2018), Algorithm 4 (matrices) and 5 (other tensors), in float64.
-
-    A factored tensor is moved so that its (row, column) axes are last, and
-    every leading index is one n x m matrix of the paper.
-    """
-
-    def __init__(self, params, *, lr=None, b1=None, decay_rate=0.8, eps1=1e-30, eps2=1e-3, d=1.0,
-                 mps=True, wd=None, factored_dims="last", min_dim=1, factored=True):
-        self.X = {k: np.array(v, np.float64) for k, v in params.items()}
-        self.kw = dict(lr=lr, b1=b1, decay_rate=decay_rate, eps1=eps1, eps2=eps2, d=d, mps=mps, wd=wd)
-        self.axes = {
-            k: oracle_axes(np.shape(v), factored_dims, min_dim) if factored else None
-            for k, v in self.X.items()
-        }
-        self.R, self.C, self.V, self.M = {}, {}, {}, {}
-        self.t = 0
-
-    def step(self, grads):
-        """One update; returns the deltas X_t - X_{t-1}."""
-        self.t += 1
-        t, kw = self.t, self.kw
-        deltas = {}
-        for k, x in self.X.items():
-            g = np.asarray(grads[k], np.float64)
-            if kw["lr"] is None:
-                rho = min(1e-2, 1 / np.sqrt(t))
-            elif callable(kw["lr"]):
-                rho = float(kw["lr"](t - 1))
-            else:
-                rho = kw["lr"]
-            rms_x = np.sqrt(np.mean(x**2)) if x.size else 0.0
-            alpha = max(kw["eps2"], rms_x) * rho if kw["mps"] else rho
-            b2 = 1 - t ** (-kw["decay_rate"])
-            if self.axes[k] is not None:
-                row, col = self.axes[k]
-                gm = np.moveaxis(g, (row, col), (-2, -1))  # (..., n, m)
-                sq = gm**2 + kw["eps1"]
-                ones_m = np.ones(gm.shape[-1])
-                ones_n = np.ones(gm.shape[-2])
-                self.R[k] = b2 * self.R.get(k, 0.0) + (1 - b2) * (sq @ ones_m)  # (..., n)
-                self.C[k] = b2 * self.C.get(k, 0.0) + (1 - b2) * (ones_n @ sq)  # (..., m)
-                denom = self.R[k] @ ones_n  # 1_n^T R_t
-                Vm = self.R[k][..., :, None] * self.C[k][..., None, :] / denom[..., None, None]
-                V = np.moveaxis(Vm, (-2, -1), (row, col))
-            else:
-                self.V[k] = b2 * self.V.get(k, 0.0) + (1 - b2) * (g**2 + kw["eps1"])
-                V = self.V[k]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                U = g / np.sqrt(V)
-            U = np.where(V == 0, 0.0, U)  # only reachable with eps1 = 0
-            if kw["d"] is not None and U.size:
-                U = U / max(1.0, np.sqrt(np.mean(U**2)) / kw["d"])
-            step = alpha * U
-            if kw["b1"] is not None:
-                self.M[k] = kw["b1"] * self.M.get(k, 0.0) + (1 - kw["b1"]) * step
-                step = self.M[k]
-            if kw["wd"] is not None:
-                step = step + kw["wd"] * alpha * x
-            self.X[k] = x - step
-            deltas[k] = -step
-        return deltas
 
 
 def tx_kwargs(oracle_kw):
@@ -219,8 +139,8 @@ def test_jit_and_eager_agree_with_the_paper(transform):
 )
 def test_cpu_blocked_reductions_equal_the_paper(monkeypatch, config, dtype):
     """Large or wide matrices on CPU take a loop over row blocks; force it on small ones, with a tail block."""
-    monkeypatch.setattr(adafactor_module, "_LOOP_MIN_SIZE", 0)
-    monkeypatch.setattr(adafactor_module, "_BLOCK_ELEMENTS", 64)  # 8-row blocks
+    monkeypatch.setattr(fast, "LOOP_MIN_SIZE", 0)
+    monkeypatch.setattr(fast, "BLOCK_ELEMENTS", 64)  # 8-row blocks
     shapes = {"tall": (37, 20), "wide": (20, 37), "stacked": (2, 3, 29, 21), "vector": (9,)}
     params, grads = random_problem(3, shapes, 12)
     if dtype == jnp.float32:
@@ -237,6 +157,60 @@ def test_cpu_blocked_reductions_equal_the_paper(monkeypatch, config, dtype):
     rtol = 1e-12 if dtype == jnp.float64 else 1e-5
     for d, e in zip(deltas, expected):
         assert_rel_close(d, e, rtol)
+
+
+LEAF_OPTIONS = [
+    pytest.param(dict(), id="paper"),
+    pytest.param(dict(b1=0.8, weight_decay_rate=0.1), id="b1-decay"),
+    pytest.param(dict(eps1=0.0, d=None), id="eps1-0-no-clipping"),
+    pytest.param(dict(multiply_by_parameter_scale=False, d=0.2), id="no-scale-clipping"),
+]
+
+
+@pytest.mark.parametrize("path", ["reductions", "row-block loop", "split"])
+@pytest.mark.parametrize("shape, axes", [((5, 7), (0, 1)), ((3, 4, 5), (1, 2)), ((37, 20), (0, 1)), ((4, 9, 3), (0, 1)),
+                                         ((6,), None), ((), None)])
+@pytest.mark.parametrize("options", LEAF_OPTIONS)
+def test_the_fast_step_equals_the_paper_literal_step(monkeypatch, path, shape, axes, options):
+    """optkit._src.adafactor.paper (SPEC 5 as written) and fast (what runs) give the same step, on every path."""
+    if path == "row-block loop":
+        monkeypatch.setattr(fast, "LOOP_MIN_SIZE", 0)
+        monkeypatch.setattr(fast, "BLOCK_ELEMENTS", 64)
+    rng = np.random.default_rng(hash((shape, path)) % 2**32)
+    g, x = rng.standard_normal(shape), rng.standard_normal(shape)
+    g.flat[::3] = 0.0
+    if axes is None:
+        nu = optkit.FullSecondMoment(np.abs(rng.standard_normal(shape)))
+    else:
+        row, col = axes
+        nu = optkit.FactoredSecondMoment(np.abs(rng.standard_normal(shape[:col] + shape[col + 1:])),
+                                         np.abs(rng.standard_normal(shape[:row] + shape[row + 1:])))
+    m = rng.standard_normal(shape)
+    kw = dict(eps1=1e-30, d=1.0, multiply_by_parameter_scale=True, b1=None, weight_decay_rate=None) | options
+    b2, rho = 0.6, 0.01
+    want_x, want_nu, want_m = paper.adafactor_leaf(jnp.asarray(g), jnp.asarray(x), jax.tree.map(jnp.asarray, nu),
+                                                  jnp.asarray(m), axes=axes, b2=b2, rho=rho, eps2=1e-3, **kw)
+    update, got_nu, got_m = jax.jit(lambda g, x, nu, m: fast.leaf_step(
+        g, x, nu, m, axes=axes, b2=jnp.float64(b2), lr=jnp.float64(rho),
+        options=fast.Options(kw["eps1"], 1e-3, kw["d"], kw["b1"], kw["weight_decay_rate"]),
+        multiply_by_parameter_scale=kw["multiply_by_parameter_scale"], guard=kw["eps1"] == 0, dtype=jnp.float64,
+        split=path == "split"))(g, x, nu, m)
+    np.testing.assert_allclose(x - np.asarray(update), want_x, rtol=1e-12, atol=1e-14)
+    for got, want in zip(got_nu, want_nu):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    if kw["b1"] is not None:
+        np.testing.assert_allclose(got_m, want_m, rtol=1e-12, atol=1e-15)
+
+
+def test_the_reductions_without_barriers_equal_the_cpu_ones():
+    """GPUs and TPUs take the reductions without optimization barriers: the same statistics and sums."""
+    rng = np.random.default_rng(5)
+    g, x = rng.standard_normal((2, 6, 9)), rng.standard_normal((2, 6, 9))
+    nu = optkit.FactoredSecondMoment(np.abs(rng.standard_normal((2, 6))), np.abs(rng.standard_normal((2, 9))))
+    plain = fast._factored_plain(g, x, nu, 0.5, 1e-30, 1, 2, False, jnp.float64)
+    separate = fast._factored_plain(g, x, nu, 0.5, 1e-30, 1, 2, False, jnp.float64, separate=True)
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(separate)):
+        np.testing.assert_allclose(a, b, rtol=1e-13)
 
 
 @pytest.mark.parametrize("factored_dims", ["last", "largest"])
@@ -260,14 +234,19 @@ def test_cpu_statistics_are_reductions_of_g_without_a_temporary(factored_dims):
 def test_each_distinct_leaf_is_traced_once(monkeypatch):
     """Repeated leaf shapes (a transformer's layers) are traced once each, and every leaf is still right."""
     traced = []
-    plain_leaf = adafactor_module._adafactor_leaf
+    full, factored = fast._full_moments, fast._factored_moments
 
-    def counting_leaf(g, *args, **kwargs):
-        traced.append((g.shape, kwargs["axes"]))
-        return plain_leaf(g, *args, **kwargs)
+    def counting_full(g, *args):
+        traced.append((g.shape, None))
+        return full(g, *args)
 
-    monkeypatch.setattr(adafactor_module, "_adafactor_leaf", counting_leaf)
-    adafactor_module._adafactor_leaf_jit.clear_cache()
+    def counting_factored(g, x, nu, b2, eps1, row, col, *args):
+        traced.append((g.shape, (row, col)))
+        return factored(g, x, nu, b2, eps1, row, col, *args)
+
+    monkeypatch.setattr(fast, "_full_moments", counting_full)
+    monkeypatch.setattr(fast, "_factored_moments", counting_factored)
+    fast._leaf_step_jit.clear_cache()
     shapes = {f"layer{i}": {"w": (11, 13), "b": (13,)} for i in range(5)}
     shapes["head"] = {"w": (13, 3)}
     flat_shapes = {f"{k}/{n}": s for k, leaves in shapes.items() for n, s in leaves.items()}
@@ -638,5 +617,11 @@ def test_bad_update_inputs():
 
 
 def test_docstring_examples():
-    results = doctest.testmod(adafactor_module, verbose=False)
-    assert results.attempted >= 4 and results.failed == 0
+    from optkit._src.adafactor import factoring, transform
+
+    attempted = 0
+    for module in (factoring, transform):
+        results = doctest.testmod(module, verbose=False)
+        assert results.failed == 0, module.__name__
+        attempted += results.attempted
+    assert attempted >= 4

@@ -18,7 +18,7 @@ import onnx.shape_inference  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
-from optkit.onnx import _ops, _table  # noqa: E402
+from optkit.onnx._ops import TABLE, _registry, _values  # noqa: E402
 
 JIT = [pytest.param(True, id="jit"), pytest.param(False, id="nojit")]
 
@@ -78,39 +78,39 @@ def test_required_operators_are_in_the_table():
     ("Add", 7, 7), ("Add", 13, 13), ("Add", 25, 14), ("Unsqueeze", 12, 11), ("Unsqueeze", 13, 13),
 ])
 def test_lookup_picks_newest_version_not_above_opset(op, opset, version):
-    assert _ops.TABLE.lookup("", op, opset).since_version == version
-    assert _ops.TABLE.lookup("ai.onnx", op, opset).since_version == version
+    assert TABLE.lookup("", op, opset)[0].since_version == version
+    assert TABLE.lookup("ai.onnx", op, opset)[0].since_version == version
 
 
 def test_lookup_refuses_a_newer_onnx_version_it_does_not_implement(monkeypatch):
-    monkeypatch.setitem(_ops.TABLE._versions, ("", "Relu"), [6, 13])  # as if Relu-14 were not implemented
-    assert _ops.TABLE.lookup("", "Relu", 13).since_version == 13
+    monkeypatch.setitem(TABLE._versions, ("", "Relu"), [6, 13])  # as if Relu-14 were not implemented
+    assert TABLE.lookup("", "Relu", 13)[0].since_version == 13
     with pytest.raises(optkit.onnx.UnsupportedOpError, match=r"Relu \(domain 'ai.onnx', opset 14\) means Relu-14"):
-        _ops.TABLE.lookup("", "Relu", 14)
+        TABLE.lookup("", "Relu", 14)
 
 
 def test_lookup_errors_name_type_domain_and_opset():
     with pytest.raises(optkit.onnx.UnsupportedOpError, match=r"Erf \(domain 'ai.onnx', opset 13\)"):
-        _ops.TABLE.lookup("", "Erf", 13)
+        TABLE.lookup("", "Erf", 13)
     with pytest.raises(optkit.onnx.UnsupportedOpError, match=r"Adam \(domain 'ai.onnx', opset 13\)"):
-        _ops.TABLE.lookup("", "Adam", 13)
+        TABLE.lookup("", "Adam", 13)
     with pytest.raises(optkit.onnx.UnsupportedOpError, match=r"Softmax \(domain 'ai.onnx', opset 0\)"):
-        _ops.TABLE.lookup("", "Softmax", 0)
+        TABLE.lookup("", "Softmax", 0)
 
 
 def test_parse_attributes_fills_schema_defaults_and_decodes():
     node = helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], mode="nesterov", alpha=0.5,
-                            beta=1.0, norm_coefficient=0.0, domain=_table.TRAINING_DOMAIN)
-    schema = onnx.defs.get_schema("Momentum", 1, _table.TRAINING_DOMAIN)
-    attrs = _table.parse_attributes(node, schema, "here")
+                            beta=1.0, norm_coefficient=0.0, domain=_values.TRAINING_DOMAIN)
+    schema = onnx.defs.get_schema("Momentum", 1, _values.TRAINING_DOMAIN)
+    attrs = _registry.parse_attributes(node, schema, "here")
     assert attrs == {"mode": "nesterov", "alpha": 0.5, "beta": 1.0, "norm_coefficient": 0.0}
-    node = helper.make_node("Adagrad", ["R", "T", "X", "G", "H"], ["Y", "W"], domain=_table.TRAINING_DOMAIN)
-    attrs = _table.parse_attributes(node, onnx.defs.get_schema("Adagrad", 1, _table.TRAINING_DOMAIN), "here")
+    node = helper.make_node("Adagrad", ["R", "T", "X", "G", "H"], ["Y", "W"], domain=_values.TRAINING_DOMAIN)
+    attrs = _registry.parse_attributes(node, onnx.defs.get_schema("Adagrad", 1, _values.TRAINING_DOMAIN), "here")
     assert attrs == {"decay_factor": 0.0, "epsilon": pytest.approx(1e-6), "norm_coefficient": 0.0}
     del node.attribute[:]
-    node = helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], domain=_table.TRAINING_DOMAIN)
+    node = helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], domain=_values.TRAINING_DOMAIN)
     with pytest.raises(ValueError, match="here: the required attribute '.*' is missing"):
-        _table.parse_attributes(node, schema, "here")
+        _registry.parse_attributes(node, schema, "here")
 
 
 @pytest.mark.parametrize("elem_type, dtype", [
@@ -119,7 +119,7 @@ def test_parse_attributes_fills_schema_defaults_and_decodes():
     (TensorProto.BFLOAT16, jnp.bfloat16),
 ])
 def test_onnx_dtype(elem_type, dtype):
-    assert _table.onnx_dtype(elem_type, "x") == np.dtype(dtype)
+    assert _values.onnx_dtype(elem_type, "x") == np.dtype(dtype)
 
 
 @pytest.mark.parametrize("elem_type", [TensorProto.STRING, TensorProto.FLOAT8E4M3FN, TensorProto.INT4,
@@ -127,7 +127,7 @@ def test_onnx_dtype(elem_type, dtype):
 def test_onnx_dtype_refuses(elem_type):
     name = TensorProto.DataType.Name(elem_type)
     with pytest.raises(optkit.onnx.UnsupportedOpError, match=f"x has element type {name}"):
-        _table.onnx_dtype(elem_type, "x")
+        _values.onnx_dtype(elem_type, "x")
 
 
 def test_cast_to_unsupported_type_fails_at_load():
@@ -311,7 +311,7 @@ def test_run_node_and_named_outputs():
     np.testing.assert_array_equal(out["c"], [2, 3])
     assert out[0].dtype == np.int64
     node = helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["X2", "V2"], alpha=0.9, beta=1.0,
-                            mode="standard", norm_coefficient=0.0, domain=_table.TRAINING_DOMAIN)
+                            mode="standard", norm_coefficient=0.0, domain=_values.TRAINING_DOMAIN)
     ones = np.ones(2, np.float32)
     x2, v2 = optkit.onnx.Backend.run_node(node, [np.float32(0.1), np.int64(0), ones, ones, ones])
     np.testing.assert_allclose(x2, 1 - 0.1 * 1.9)

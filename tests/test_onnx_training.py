@@ -24,7 +24,7 @@ from onnx import helper  # noqa: E402
 
 import optkit  # noqa: E402
 import optkit.onnx  # noqa: E402
-from optkit.onnx import _ops, _table  # noqa: E402
+from optkit.onnx._ops import TABLE, _registry, _values  # noqa: E402
 
 TRAINING = "ai.onnx.preview.training"
 JIT = [pytest.param(True, id="jit"), pytest.param(False, id="nojit")]
@@ -419,8 +419,8 @@ def counting_op(monkeypatch):
         return count
 
     domain = "test.optkit"
-    monkeypatch.setitem(_ops.TABLE._rows, (domain, "Count", 1), _table.OpSpec(domain, "Count", 1, build))
-    monkeypatch.setitem(_ops.TABLE._versions, (domain, "Count"), [1])
+    monkeypatch.setitem(TABLE._rows, (domain, "Count", 1), _registry.OpSpec(domain, "Count", 1, build))
+    monkeypatch.setitem(TABLE._versions, (domain, "Count"), [1])
     return runs
 
 

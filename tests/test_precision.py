@@ -160,14 +160,19 @@ def test_float16_adam_state_overflows_at_sustained_gradients_near_256():
 
 
 def test_float16_momentum_state_and_update_overflow_at_65520_times_1_minus_alpha():
-    """V -> G / (1 - alpha): |G| = 7000 passes 65504 at step 27 (alpha = 0.9). The update before
-    the learning rate is V itself, in the gradients' dtype: float32 state keeps V but float16
-    gradients still overflow it; float32 gradients (updates are float32) survive."""
+    """V -> G / (1 - alpha): |G| = 7000 passes 65504 at step 27 (alpha = 0.9). float32 state keeps V;
+    optkit.momentum scales it by the learning rate before the update is cast to the float16 gradients'
+    dtype, so its updates stay finite, while scale_by_onnx_momentum's direction (V itself, in the
+    gradients' dtype) overflows float16; float32 gradients (updates are float32) survive both."""
     params = jnp.zeros(3, jnp.float16)
     grads = jnp.full((30, 3), 7000.0, jnp.float16)
     _, state16 = _run_constant(optkit.momentum(1e-3), grads, params)
     assert not _state_finite(state16)
     updates, state32 = _run_constant(optkit.momentum(1e-3, accumulator_dtype=jnp.float32), grads, params)
+    assert _state_finite(state32) and np.all(np.isfinite(np.asarray(updates[-1])))
+    direction = optax.chain(optkit.scale_by_onnx_momentum(accumulator_dtype=jnp.float32),
+                            optax.scale_by_learning_rate(1e-3))
+    updates, state32 = _run_constant(direction, grads, params)
     assert _state_finite(state32) and not np.all(np.isfinite(np.asarray(updates[-1])))
     updates, _ = _run_constant(optkit.momentum(1e-3, accumulator_dtype=jnp.float32), grads.astype(jnp.float32), params)
     assert np.all(np.isfinite(np.asarray(updates))) and np.asarray(updates).dtype == np.float32

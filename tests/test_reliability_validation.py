@@ -107,9 +107,7 @@ def _graph_with_gradient():
 def _other_state(name):
     """Another optimizer's first state, in a chain of the right length for ``name``."""
     other = optkit.adagrad(0.1) if name != "adagrad" else optkit.adam(0.1)
-    inner = other.init(P)[0]
-    return (inner, optax.EmptyState()) if name in ("adagrad", "momentum") else (
-        inner, optax.EmptyState(), optax.EmptyState())
+    return (other.init(P)[0],)
 
 
 # ---------------------------------------------------------------------------
@@ -288,15 +286,12 @@ for name in ("adafactor", "scale_by_adafactor", "scale_by_factored_rms"):
                                                       multiply_by_parameter_scale=False) if name != "scale_by_factored_rms"
         else _update(name, optkit.FlatParams.from_tree(P)), TypeError, "Give it the per-leaf tree (flat.to_tree()")
 P16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), P)
-row("adam", "inject_hyperparams: bfloat16 parameters make b1 bfloat16",
+row("adam", "inject_hyperparams: bfloat16 parameters round the default b2 = 0.999 to 1.0",
     lambda: optax.inject_hyperparams(optkit.adam)(learning_rate=0.1).init(P16),
-    TypeError, "b1 is a bfloat16 value (0.8984375 here): optax.inject_hyperparams casts hyperparameters to the parameters' dtype")
+    ValueError, "b2 is the bfloat16 value 1.0, outside [0, 1): a decay rate near 1 rounds to 1.0 in bfloat16")
 row("adam", "inject_hyperparams: bfloat16 b2 = 0.999 rounds to 1.0",
     lambda: optax.inject_hyperparams(optkit.adam)(learning_rate=0.1, b1=jnp.float32(0.9)).init(P16),
-    TypeError, "pass hyperparam_dtype=jnp.float32 to optax.inject_hyperparams")
-row("adam", "inject_hyperparams: bfloat16 b1 under jax.jit (traced)",
-    lambda: jax.jit(optax.inject_hyperparams(optkit.adam)(learning_rate=0.1).init)(P16),
-    TypeError, "b1 is a bfloat16 value: optax.inject_hyperparams casts")
+    ValueError, "or hyperparam_dtype=jnp.float32 to optax.inject_hyperparams")
 row("adam", "inject_hyperparams: a dtype taken for a schedule",
     lambda: optax.inject_hyperparams(optkit.adam)(learning_rate=0.1, mu_dtype=jnp.float32).init(P),
     TypeError, "pass static_args=('mu_dtype',)")

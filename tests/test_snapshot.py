@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import json
 import pathlib
+import re
 import warnings
 
 import numpy as np
@@ -35,6 +36,12 @@ for _key in _DATA.files:
         _case, _, _field = _key.partition("|")
         WANT[_case][_field] = _DATA[_key]
 CASES = dict(all_cases())
+# State leaves the snapshot has that are gone on purpose, and why (every other array must be there).
+REMOVED = {
+    r"^(adagrad|adam|momentum)\.schedule\.\w+\|state\[1\]\.count$":
+        "the alias's state is (ScaleBy...State,): the learning rate is applied inside the one transformation, "
+        "so optax.scale_by_learning_rate's own copy of the step count is gone",
+}
 SAME_MACHINE = {k: META[k] for k in ("jax", "jaxlib", "cpu_flags")} == {
     k: v for k, v in machine().items() if k in ("jax", "jaxlib", "cpu_flags")}
 
@@ -76,6 +83,9 @@ def test_same_numbers_as_the_snapshot(name):
         got = CASES[name]()
     if "refused" in want:
         return  # not run by the snapshot's revision: nothing to compare
-    assert sorted(got) == sorted(want), f"{name}: outputs {sorted(got)} != snapshot {sorted(want)}"
+    removed = {f for f in want if f not in got and any(re.match(p, f"{name}|{f}") for p in REMOVED)}
+    assert sorted(got) == sorted(set(want) - removed), f"{name}: outputs {sorted(got)} != snapshot {sorted(want)}"
     for field, value in want.items():
+        if field in removed:
+            continue
         _assert_identical(name, field, np.asarray(got[field]), value)

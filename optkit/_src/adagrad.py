@@ -7,12 +7,9 @@ SPEC 1, for one tensor, with ``T`` the number of updates already made::
     H_new = H + G_reg * G_reg
     X_new = X - r * G_reg / (sqrt(H_new) + epsilon)
 
-:func:`_adagrad_leaf` is that formula, once; :func:`_decay` is the step's
-scalar ``1 / (1 + T * decay_factor)``. The spec operator :func:`onnx_adagrad`
-(ONNX's inputs and outputs) and the Optax transformation
-:func:`scale_by_onnx_adagrad` are thin adapters over them: the operator scales
-by ``r = R * decay`` and subtracts, the transformation scales by the decay alone
-and leaves ``R`` to ``optax.scale_by_learning_rate`` (:func:`adagrad`).
+:func:`adagrad_leaf` is that formula; :func:`onnx_adagrad` (the spec's
+operator) and :func:`scale_by_onnx_adagrad` / :func:`adagrad` (Optax
+transformations) are it, through :mod:`optkit._src.elementwise`.
 """
 
 from __future__ import annotations
@@ -22,38 +19,34 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.typing import ArrayLike, DTypeLike
 
-from optkit._src import checks, sharding
-from optkit._src.numerics import compute_dtype, guarded_ratio, map_leaves, per_dtype
+from optkit._src import elementwise, hyperparams, trees
+from optkit._src.numerics import guarded_ratio, is_concrete_zero
 
 __all__ = ["ScaleByOnnxAdagradState", "OnnxAdagradOutputs", "onnx_adagrad", "scale_by_onnx_adagrad", "adagrad"]
 
 
-# ---------------------------------------------------------------------------
-# The formula
+def adagrad_leaf(x, g, h, *, r, descend, epsilon, norm_coefficient):
+    """SPEC 1 for one tensor: ``(X_new - X, H_new)``, with ``r`` the step's scalar (see elementwise).
+
+    Where ``G_reg`` and ``H_new`` are both 0 the update is 0 (SPEC 1, Decision (0/0)).
+    """
+    if norm_coefficient is not None:
+        g = norm_coefficient * x + g                                        # G_reg
+    h = h + g * g                                                           # H_new
+    return descend(r * guarded_ratio(g, jnp.sqrt(h), epsilon)), h          # - r G_reg / (sqrt(H_new) + eps)
 
 
-def _decay(T: Any, decay_factor: Any, dtype: Any) -> jax.Array:
-    """``1 / (1 + T * decay_factor)`` in ``dtype``: the factor of ``r`` besides ``R`` (SPEC 1)."""
+def _decay(T: jax.Array, decay_factor: ArrayLike, dtype: Any) -> jax.Array:
+    """``r / R = 1 / (1 + T * decay_factor)`` in ``dtype``."""
     return 1 / (1 + jnp.asarray(T).astype(dtype) * decay_factor)
 
 
-def _adagrad_leaf(g, h, x, *, rate, eps, norm_coefficient, dtype):
-    """SPEC 1 for one tensor: ``(rate * G_reg / (sqrt(H_new) + eps), H_new)`` in ``dtype``.
-
-    ``x`` is the parameter, or None when ``norm_coefficient`` is known to be 0
-    (no ``G_reg`` term); ``rate`` is the step's scalar, or None for 1. Where
-    ``G_reg`` and ``H_new`` are both 0 the step is 0 (SPEC 1, Decision (0/0)).
-    """
-    g = g.astype(dtype)
-    g_reg = g if x is None else norm_coefficient * x.astype(dtype) + g
-    h_new = h.astype(dtype) + g_reg * g_reg
-    step = guarded_ratio(g_reg, jnp.sqrt(h_new), eps)
-    return (step if rate is None else rate * step), h_new
-
-
-# ---------------------------------------------------------------------------
-# The spec operator
+def _check(decay_factor, epsilon_name, epsilon, norm_coefficient, allow_none):
+    hyperparams.check_scalar("decay_factor", decay_factor, low=0.0)
+    hyperparams.check_scalar(epsilon_name, epsilon, low=0.0)
+    hyperparams.check_scalar("norm_coefficient", norm_coefficient, low=0.0, allow_none=allow_none)
 
 
 class OnnxAdagradOutputs(NamedTuple):
@@ -64,8 +57,8 @@ class OnnxAdagradOutputs(NamedTuple):
 
 
 def onnx_adagrad(
-    R: Any,
-    T: Any,
+    R: ArrayLike,
+    T: ArrayLike,
     X: Any,
     G: Any,
     H: Any,
@@ -112,30 +105,17 @@ def onnx_adagrad(
       >>> X_new, H_new = optkit.ops.onnx_adagrad(
       ...     jnp.float32(0.1), 0, [jnp.ones(2)], [jnp.ones(2)], [jnp.zeros(2)])
     """
-    checks.check_scalar("decay_factor", decay_factor, low=0.0)
-    checks.check_scalar("epsilon", epsilon, low=0.0)
-    checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0)
-    R = checks.check_rate_scalar("R", R)
-    T = checks.check_step_count("T", T)
-    checks.check_tensors("X", X, G=G, H=H)
-    use_x = not checks.is_concrete_zero(norm_coefficient)
-    rate = per_dtype(lambda dtype: R.astype(dtype) * _decay(T, decay_factor, dtype))
-
-    def leaf(x, g, h):
-        dtype = compute_dtype(x.dtype, g.dtype, h.dtype)
-        step, h_new = _adagrad_leaf(g, h, x if use_x else None, rate=rate(dtype), eps=epsilon,
-                                    norm_coefficient=norm_coefficient, dtype=dtype)
-        return (x.astype(dtype) - step).astype(x.dtype), h_new.astype(h.dtype)
-
-    return OnnxAdagradOutputs(*map_leaves(leaf, 2, X, G, H))
-
-
-# ---------------------------------------------------------------------------
-# The Optax transformation
+    _check(decay_factor, "epsilon", epsilon, norm_coefficient, allow_none=False)
+    R = hyperparams.check_rate_scalar("R", R)
+    T = hyperparams.check_step_count("T", T)
+    trees.check_tensors("X", X, G=G, H=H)
+    return OnnxAdagradOutputs(*elementwise.spec_operator(
+        adagrad_leaf, X, G, [H], scalars=lambda dtype: {"r": R.astype(dtype) * _decay(T, decay_factor, dtype)},
+        epsilon=epsilon, norm_coefficient=elementwise.coefficient(norm_coefficient)))
 
 
 class ScaleByOnnxAdagradState(NamedTuple):
-    """State of :func:`scale_by_onnx_adagrad`.
+    """State of :func:`scale_by_onnx_adagrad` and :func:`adagrad`.
 
     Attributes:
       count: int32 scalar, the number of updates made so far (ONNX's ``T``
@@ -149,13 +129,25 @@ class ScaleByOnnxAdagradState(NamedTuple):
     sum_of_squares: optax.Updates
 
 
+def _transformation(name, learning_rate, decay_factor, norm_coefficient, eps, initial_accumulator_value,
+                    accumulator_dtype) -> optax.GradientTransformation:
+    _check(decay_factor, "eps", eps, norm_coefficient, allow_none=True)
+    hyperparams.check_scalar("initial_accumulator_value", initial_accumulator_value, low=0.0)
+    accumulator_dtype = hyperparams.check_dtype("accumulator_dtype", accumulator_dtype)
+    use_decay = not is_concrete_zero(decay_factor)
+    return elementwise.transformation(
+        name, adagrad_leaf, ScaleByOnnxAdagradState, moments=[(initial_accumulator_value, accumulator_dtype)],
+        scalars=lambda count, dtype: {"r": _decay(count, decay_factor, dtype) if use_decay else 1.0},
+        learning_rate=learning_rate, coefficients={"norm_coefficient": norm_coefficient}, epsilon=eps)
+
+
 def scale_by_onnx_adagrad(
     *,
     decay_factor: float = 0.0,
     norm_coefficient: float | None = None,
     eps: float = 1e-6,
     initial_accumulator_value: float = 0.0,
-    accumulator_dtype: Any = None,
+    accumulator_dtype: DTypeLike | None = None,
 ) -> optax.GradientTransformation:
     """ONNX Adagrad's direction, before the learning rate (SPEC.md section 1).
 
@@ -166,9 +158,9 @@ def scale_by_onnx_adagrad(
         H_new = H + G_reg * G_reg
         update = G_reg / (sqrt(H_new) + eps) / (1 + T * decay_factor)
 
-    Chained with ``optax.scale_by_learning_rate(R)`` (as :func:`adagrad` does)
-    the update is ONNX's ``X_new - X``. With ``eps = 0`` a coordinate where
-    ``G_reg`` and ``H_new`` are both 0 gets update 0 (SPEC 1, Decision (0/0)).
+    Chained with ``optax.scale_by_learning_rate(R)`` the update is ONNX's
+    ``X_new - X``. With ``eps = 0`` a coordinate where ``G_reg`` and ``H_new``
+    are both 0 gets update 0 (SPEC 1, Decision (0/0)).
 
     Args:
       decay_factor: ONNX ``decay_factor``: the learning rate is divided by
@@ -207,44 +199,8 @@ def scale_by_onnx_adagrad(
       >>> state = tx.init(params)
       >>> updates, state = tx.update({"w": jnp.ones(3)}, state, params)
     """
-    checks.check_scalar("decay_factor", decay_factor, low=0.0)
-    checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0, allow_none=True)
-    checks.check_scalar("eps", eps, low=0.0)
-    checks.check_scalar("initial_accumulator_value", initial_accumulator_value, low=0.0)
-    accumulator_dtype = checks.check_dtype("accumulator_dtype", accumulator_dtype)
-    params_reason = checks.params_needed_for("norm_coefficient", norm_coefficient)
-    use_params = params_reason is not None
-    use_decay = not checks.is_concrete_zero(decay_factor)
-
-    def init_fn(params):
-        checks.check_floating(params, "params")
-        sum_of_squares = jax.tree.map(
-            lambda p: sharding.full_like(p, initial_accumulator_value, dtype=accumulator_dtype), params
-        )
-        return ScaleByOnnxAdagradState(count=jnp.zeros([], jnp.int32), sum_of_squares=sum_of_squares)
-
-    def update_fn(updates, state, params=None):
-        state = checks.check_state(state, ScaleByOnnxAdagradState, "scale_by_onnx_adagrad")
-        checks.check_count(state.count, "scale_by_onnx_adagrad")
-        checks.check_update_inputs(
-            "scale_by_onnx_adagrad", updates, {"state.sum_of_squares": state.sum_of_squares},
-            params, params_reason,
-        )
-        decay = per_dtype(lambda dtype: _decay(state.count, decay_factor, dtype))
-
-        def leaf(g, h, x):
-            dtype = compute_dtype(g.dtype, h.dtype, None if x is None else x.dtype)
-            step, h_new = _adagrad_leaf(g, h, x, rate=decay(dtype) if use_decay else None, eps=eps,
-                                        norm_coefficient=norm_coefficient, dtype=dtype)
-            return step.astype(g.dtype), h_new.astype(h.dtype)
-
-        new_updates, sum_of_squares = map_leaves(
-            leaf, 2, updates, state.sum_of_squares, params if use_params else None
-        )
-        count = optax.safe_increment(state.count)
-        return new_updates, ScaleByOnnxAdagradState(count=count, sum_of_squares=sum_of_squares)
-
-    return optax.GradientTransformation(init_fn, update_fn)
+    return _transformation("scale_by_onnx_adagrad", None, decay_factor, norm_coefficient, eps,
+                           initial_accumulator_value, accumulator_dtype)
 
 
 def adagrad(
@@ -254,7 +210,7 @@ def adagrad(
     norm_coefficient: float | None = None,
     eps: float = 1e-6,
     initial_accumulator_value: float = 0.0,
-    accumulator_dtype: Any = None,
+    accumulator_dtype: DTypeLike | None = None,
 ) -> optax.GradientTransformation:
     """Adagrad exactly as ONNX ``ai.onnx.preview.training::Adagrad`` (version 1) defines it.
 
@@ -290,12 +246,13 @@ def adagrad(
     gradients").
 
     Returns:
-      An ``optax.GradientTransformation``: ``optax.chain`` of
-      :func:`scale_by_onnx_adagrad` and ``optax.scale_by_learning_rate``.
-      Every numeric argument works under ``optax.inject_hyperparams``
-      (values traced under ``jax.jit`` are not range-checked). On sharded
-      parameters (``jax.sharding``) ``H`` gets each parameter's sharding, also
-      from ``jax.jit(tx.init)``; the count is replicated.
+      An ``optax.GradientTransformation`` whose state is
+      ``(ScaleByOnnxAdagradState,)`` (a tuple, as Optax's aliases' states
+      are; the schedule is called with its ``count``). Every numeric
+      argument works under ``optax.inject_hyperparams`` (values traced under
+      ``jax.jit`` are not range-checked). On sharded parameters
+      (``jax.sharding``) ``H`` gets each parameter's sharding, also from
+      ``jax.jit(tx.init)``; the count is replicated.
 
     Raises:
       ValueError, TypeError: as :func:`scale_by_onnx_adagrad`, and for a
@@ -310,14 +267,6 @@ def adagrad(
       >>> updates, state = tx.update(grads, state, params)
       >>> params = optax.apply_updates(params, updates)
     """
-    checks.check_scalar("learning_rate", learning_rate, low=0.0, allow_schedule=True)
-    return optax.chain(
-        scale_by_onnx_adagrad(
-            decay_factor=decay_factor,
-            norm_coefficient=norm_coefficient,
-            eps=eps,
-            initial_accumulator_value=initial_accumulator_value,
-            accumulator_dtype=accumulator_dtype,
-        ),
-        optax.scale_by_learning_rate(learning_rate),
-    )
+    hyperparams.check_scalar("learning_rate", learning_rate, low=0.0, allow_schedule=True)
+    return optax.chain(_transformation("adagrad", learning_rate, decay_factor, norm_coefficient, eps,
+                                       initial_accumulator_value, accumulator_dtype))

@@ -11,12 +11,9 @@ updates already made (ONNX, where ``T = 0`` skips the bias correction)::
     X     = X - LearningRate * Alpha * M / (sqrt(V) + eps)
     X     = (1 - norm_coefficient_post) * X              # ONNX Adam
 
-:func:`_adam_leaf` is the moments and the step, once; :func:`_bias_correction`
-is the step's scalar ``Alpha`` and :func:`_post_shrink` ONNX's shrinkage. The
-spec operators :func:`dml_adam` and :func:`onnx_adam` and the Optax
-transformation :func:`scale_by_dml_adam` (with :func:`adam`) are thin adapters
-over them: each passes its step scalar (``LearningRate * Alpha``, ``R * Alpha``,
-or ``Alpha`` alone, the learning rate being ``optax.scale_by_learning_rate``'s).
+:func:`adam_leaf` is that formula; :func:`dml_adam` and :func:`onnx_adam`
+(the specs' operators) and :func:`scale_by_dml_adam` / :func:`adam` (Optax
+transformations) are it, through :mod:`optkit._src.elementwise`.
 """
 
 from __future__ import annotations
@@ -26,9 +23,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.typing import ArrayLike, DTypeLike
 
-from optkit._src import checks, sharding
-from optkit._src.numerics import compute_dtype, guarded_ratio, map_leaves, one_minus_power, per_dtype
+from optkit._src import elementwise, hyperparams, trees
+from optkit._src.numerics import guarded_ratio, one_minus_power
 
 __all__ = [
     "ScaleByDmlAdamState",
@@ -41,45 +39,41 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------------------
-# The formula
+def adam_leaf(x, g, m, v, *, r, descend, b1, b2, eps, norm_coefficient, norm_coefficient_post=None):
+    """SPEC 2 and 3 for one tensor: ``(X_new - X, M, V)``, with ``r`` the step's scalar (see elementwise).
+
+    ``M`` is the first moment (DirectML's M, ONNX Adam's V), ``V`` the second
+    (DirectML's V, ONNX Adam's H). Where ``M`` and ``V`` are both 0 the step is
+    0 (SPEC 1, Decision (0/0)).
+    """
+    if norm_coefficient is not None:
+        g = norm_coefficient * x + g                                        # G_reg
+    m = b1 * m + (1 - b1) * g                                               # M
+    v = b2 * v + (1 - b2) * g * g                                           # V
+    update = descend(r * guarded_ratio(m, jnp.sqrt(v), eps))                # - LearningRate Alpha M / (sqrt(V) + eps)
+    if norm_coefficient_post is not None:
+        c = jnp.asarray(norm_coefficient_post, update.dtype)
+        update = (1 - c) * update - c * x                                   # X_new = (1 - c) (X + update)
+    return update, m, v
 
 
-def _bias_correction(T: Any, b1: Any, b2: Any, dtype: Any) -> jax.Array:
+def _bias_correction(T: jax.Array, b1: ArrayLike, b2: ArrayLike, dtype: Any) -> jax.Array:
     """DirectML's ``Alpha = sqrt(1 - b2^T) / (1 - b1^T)`` in ``dtype``; 1 where T = 0.
 
     SPEC 2, Decision (T): T = 0 would divide 0 by 0; the ONNX Adam rule (SPEC 3)
-    uses the learning rate unscaled there.
+    uses the learning rate unscaled there. A traced ``b1`` or ``b2`` outside
+    [0, 1) gives NaN (:func:`~optkit._src.hyperparams.nan_unless_decays`).
     """
     t = jnp.asarray(T).astype(dtype)
     t_pos = jnp.maximum(t, jnp.ones_like(t))  # T = 0 is replaced below; keeps 0 * log(0) out
     alpha = jnp.sqrt(one_minus_power(b2, t_pos, dtype)) / one_minus_power(b1, t_pos, dtype)
-    return jnp.where(t > 0, alpha, jnp.ones_like(alpha))
+    return hyperparams.nan_unless_decays(jnp.where(t > 0, alpha, jnp.ones_like(alpha)), b1, b2)
 
 
-def _adam_leaf(g, m, v, x, *, rate, b1, b2, eps, norm_coefficient, dtype):
-    """SPEC 2/3 for one tensor: ``(rate * M_new / (sqrt(V_new) + eps), M_new, V_new)`` in ``dtype``.
-
-    ``M`` is the first moment (DirectML's M, ONNX Adam's V), ``V`` the second
-    (DirectML's V, ONNX Adam's H); ``x`` is the parameter, or None when
-    ``norm_coefficient`` is known to be 0. Where ``M_new`` and ``V_new`` are
-    both 0 the step is 0 (SPEC 1, Decision (0/0)).
-    """
-    g = g.astype(dtype)
-    g_reg = g if x is None else norm_coefficient * x.astype(dtype) + g
-    m_new = b1 * m.astype(dtype) + (1 - b1) * g_reg
-    v_new = b2 * v.astype(dtype) + (1 - b2) * g_reg * g_reg
-    return rate * guarded_ratio(m_new, jnp.sqrt(v_new), eps), m_new, v_new
-
-
-def _post_shrink(x, update, c, dtype):
-    """ONNX Adam's ``X_new = (1 - c) * (X + update)``, as the update ``(1 - c) * update - c * X``."""
-    c = jnp.asarray(c, dtype)
-    return (1 - c) * update - c * x.astype(dtype)
-
-
-# ---------------------------------------------------------------------------
-# The spec operators
+def _check_decays(b1_name, b1, b2_name, b2, eps_name, eps):
+    hyperparams.check_decay(b1_name, b1)
+    hyperparams.check_decay(b2_name, b2)
+    hyperparams.check_scalar(eps_name, eps, low=0.0)
 
 
 class DmlAdamOutputs(NamedTuple):
@@ -103,7 +97,7 @@ def dml_adam(
     M: Any,
     V: Any,
     G: Any,
-    T: Any,
+    T: ArrayLike,
     *,
     learning_rate: float,
     beta1: float,
@@ -133,7 +127,8 @@ def dml_adam(
       G: GradientTensor, same pytree/shapes.
       T: TrainingStepTensor, an integer scalar (DirectML: UINT32), >= 0.
       learning_rate: LearningRate, >= 0.
-      beta1: Beta1, in [0, 1). beta2: Beta2, in [0, 1).
+      beta1: Beta1, in [0, 1).
+      beta2: Beta2, in [0, 1).
       epsilon: Epsilon, >= 0 (1e-8 or FLT_EPSILON typical for float32).
 
     Returns:
@@ -148,26 +143,20 @@ def dml_adam(
       >>> X, M, V = optkit.ops.dml_adam(jnp.ones(3), jnp.zeros(3), jnp.zeros(3),
       ...     jnp.ones(3), 1, learning_rate=1e-3, beta1=0.9, beta2=0.999, epsilon=1e-8)
     """
-    checks.check_scalar("learning_rate", learning_rate, low=0.0)
-    checks.check_scalar("beta1", beta1, low=0.0, high=1.0, high_open=True)
-    checks.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
-    checks.check_scalar("epsilon", epsilon, low=0.0)
-    T = checks.check_step_count("T", T)
-    checks.check_tensors("X", X, M=M, V=V, G=G)
-    rate = per_dtype(lambda dtype: jnp.asarray(learning_rate, dtype) * _bias_correction(T, beta1, beta2, dtype))
-
-    def leaf(x, m, v, g):
-        dtype = compute_dtype(x.dtype, m.dtype, v.dtype, g.dtype)
-        step, m_new, v_new = _adam_leaf(g, m, v, None, rate=rate(dtype), b1=beta1, b2=beta2, eps=epsilon,
-                                        norm_coefficient=None, dtype=dtype)
-        return (x.astype(dtype) - step).astype(x.dtype), m_new.astype(m.dtype), v_new.astype(v.dtype)
-
-    return DmlAdamOutputs(*map_leaves(leaf, 3, X, M, V, G))
+    hyperparams.check_scalar("learning_rate", learning_rate, low=0.0)
+    _check_decays("beta1", beta1, "beta2", beta2, "epsilon", epsilon)
+    T = hyperparams.check_step_count("T", T)
+    trees.check_tensors("X", X, M=M, V=V, G=G)
+    X_new, M_new, V_new = elementwise.spec_operator(
+        adam_leaf, X, G, [M, V],
+        scalars=lambda dtype: {"r": jnp.asarray(learning_rate, dtype) * _bias_correction(T, beta1, beta2, dtype)},
+        b1=beta1, b2=beta2, eps=epsilon, norm_coefficient=None)
+    return DmlAdamOutputs(X_new, M_new, V_new)
 
 
 def onnx_adam(
-    R: Any,
-    T: Any,
+    R: ArrayLike,
+    T: ArrayLike,
     X: Any,
     G: Any,
     V: Any,
@@ -215,36 +204,20 @@ def onnx_adam(
       >>> X_new, V_new, H_new = optkit.ops.onnx_adam(
       ...     jnp.float32(0.1), 0, [jnp.ones(2)], [jnp.ones(2)], [jnp.zeros(2)], [jnp.zeros(2)])
     """
-    checks.check_scalar("alpha", alpha, low=0.0, high=1.0, high_open=True)
-    checks.check_scalar("beta", beta, low=0.0, high=1.0, high_open=True)
-    checks.check_scalar("epsilon", epsilon, low=0.0)
-    checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0)
-    checks.check_scalar("norm_coefficient_post", norm_coefficient_post, low=0.0, high=1.0, high_open=True)
-    R = checks.check_rate_scalar("R", R)
-    T = checks.check_step_count("T", T)
-    checks.check_tensors("X", X, G=G, V=V, H=H)
-    use_x = not checks.is_concrete_zero(norm_coefficient)
-    shrink = not checks.is_concrete_zero(norm_coefficient_post)
-    rate = per_dtype(lambda dtype: R.astype(dtype) * _bias_correction(T, alpha, beta, dtype))
-
-    def leaf(x, g, v, h):
-        dtype = compute_dtype(x.dtype, g.dtype, v.dtype, h.dtype)
-        step, v_new, h_new = _adam_leaf(g, v, h, x if use_x else None, rate=rate(dtype), b1=alpha, b2=beta,
-                                        eps=epsilon, norm_coefficient=norm_coefficient, dtype=dtype)
-        x_new = x.astype(dtype) - step
-        if shrink:
-            x_new = x.astype(dtype) + _post_shrink(x, -step, norm_coefficient_post, dtype)
-        return x_new.astype(x.dtype), v_new.astype(v.dtype), h_new.astype(h.dtype)
-
-    return OnnxAdamOutputs(*map_leaves(leaf, 3, X, G, V, H))
-
-
-# ---------------------------------------------------------------------------
-# The Optax transformation
+    _check_decays("alpha", alpha, "beta", beta, "epsilon", epsilon)
+    hyperparams.check_scalar("norm_coefficient", norm_coefficient, low=0.0)
+    hyperparams.check_scalar("norm_coefficient_post", norm_coefficient_post, low=0.0, high=1.0, high_open=True)
+    R = hyperparams.check_rate_scalar("R", R)
+    T = hyperparams.check_step_count("T", T)
+    trees.check_tensors("X", X, G=G, V=V, H=H)
+    return OnnxAdamOutputs(*elementwise.spec_operator(
+        adam_leaf, X, G, [V, H], scalars=lambda dtype: {"r": R.astype(dtype) * _bias_correction(T, alpha, beta, dtype)},
+        b1=alpha, b2=beta, eps=epsilon, norm_coefficient=elementwise.coefficient(norm_coefficient),
+        norm_coefficient_post=elementwise.coefficient(norm_coefficient_post)))
 
 
 class ScaleByDmlAdamState(NamedTuple):
-    """State of :func:`scale_by_dml_adam`.
+    """State of :func:`scale_by_dml_adam` and :func:`adam`.
 
     Attributes:
       count: int32 scalar, the number of updates made so far; the update being
@@ -260,14 +233,30 @@ class ScaleByDmlAdamState(NamedTuple):
     nu: optax.Updates
 
 
+def _transformation(name, learning_rate, b1, b2, eps, norm_coefficient, norm_coefficient_post, mu_dtype,
+                    nu_dtype) -> optax.GradientTransformation:
+    _check_decays("b1", b1, "b2", b2, "eps", eps)
+    hyperparams.check_scalar("norm_coefficient", norm_coefficient, low=0.0, allow_none=True)
+    hyperparams.check_scalar("norm_coefficient_post", norm_coefficient_post, low=0.0, high=1.0, high_open=True,
+                             allow_none=True)
+    moments = [(0, hyperparams.check_dtype("mu_dtype", mu_dtype)), (0, hyperparams.check_dtype("nu_dtype", nu_dtype))]
+    return elementwise.transformation(
+        name, adam_leaf, ScaleByDmlAdamState, moments=moments,
+        # DirectML's T is the update being made: count + 1 (SPEC 2, Decision (T)).
+        scalars=lambda count, dtype: {"r": _bias_correction(optax.safe_increment(count), b1, b2, dtype)},
+        learning_rate=learning_rate,
+        coefficients={"norm_coefficient": norm_coefficient, "norm_coefficient_post": norm_coefficient_post},
+        b1=b1, b2=b2, eps=eps)
+
+
 def scale_by_dml_adam(
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-8,
     *,
     norm_coefficient: float | None = None,
-    mu_dtype: Any = None,
-    nu_dtype: Any = None,
+    mu_dtype: DTypeLike | None = None,
+    nu_dtype: DTypeLike | None = None,
 ) -> optax.GradientTransformation:
     """The epsilon-hat Adam direction of DirectML and ONNX, before the learning rate.
 
@@ -279,7 +268,8 @@ def scale_by_dml_adam(
         Alpha  = sqrt(1 - b2^T) / (1 - b1^T)
         update = Alpha * M / (sqrt(V) + eps)
 
-    Unlike ``optax.scale_by_adam``, ``eps`` is added to ``sqrt(V)`` of the
+    Chained with ``optax.scale_by_learning_rate(LearningRate)`` the update is
+    DirectML's ``X - X_old``. Unlike ``optax.scale_by_adam``, ``eps`` is added to ``sqrt(V)`` of the
     *uncorrected* second moment ("epsilon-hat", Kingma & Ba 2015, end of
     section 2). With ``eps = 0`` a coordinate whose ``M`` and ``V`` are both 0
     gets update 0.
@@ -315,68 +305,7 @@ def scale_by_dml_adam(
       >>> tx = optax.chain(optkit.scale_by_dml_adam(), optax.scale_by_learning_rate(1e-3))
       >>> state = tx.init({"w": jnp.ones(3)})
     """
-    checks.check_decay("b1", b1)
-    checks.check_decay("b2", b2)
-    checks.check_scalar("eps", eps, low=0.0)
-    checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0, allow_none=True)
-    mu_dtype = checks.check_dtype("mu_dtype", mu_dtype)
-    nu_dtype = checks.check_dtype("nu_dtype", nu_dtype)
-    params_reason = checks.params_needed_for("norm_coefficient", norm_coefficient)
-    use_params = params_reason is not None
-
-    def init_fn(params):
-        checks.check_floating(params, "params")
-        mu = sharding.tree_zeros_like(params, mu_dtype)
-        nu = sharding.tree_zeros_like(params, nu_dtype)
-        return ScaleByDmlAdamState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu)
-
-    def update_fn(updates, state, params=None):
-        state = checks.check_state(state, ScaleByDmlAdamState, "scale_by_dml_adam")
-        checks.check_count(state.count, "scale_by_dml_adam")
-        checks.check_update_inputs(
-            "scale_by_dml_adam", updates, {"state.mu": state.mu, "state.nu": state.nu},
-            params, params_reason,
-        )
-        count = optax.safe_increment(state.count)
-        bias_correction = per_dtype(lambda dtype: _bias_correction(count, b1, b2, dtype))
-
-        def leaf(g, m, v, x):
-            dtype = compute_dtype(g.dtype, m.dtype, v.dtype, None if x is None else x.dtype)
-            step, m_new, v_new = _adam_leaf(g, m, v, x, rate=bias_correction(dtype), b1=b1, b2=b2, eps=eps,
-                                            norm_coefficient=norm_coefficient, dtype=dtype)
-            return step.astype(g.dtype), m_new.astype(m.dtype), v_new.astype(v.dtype)
-
-        new_updates, mu, nu = map_leaves(
-            leaf, 3, updates, state.mu, state.nu, params if use_params else None
-        )
-        return new_updates, ScaleByDmlAdamState(count=count, mu=mu, nu=nu)
-
-    return optax.GradientTransformation(init_fn, update_fn)
-
-
-def _scale_by_norm_coefficient_post(norm_coefficient_post: float | None) -> optax.GradientTransformation:
-    """ONNX Adam's post-step shrinkage: ``X_new = (1 - c) * (X + u)``, as an update.
-
-    Returns ``(1 - c) * u - c * X`` so that ``X + update`` is the spec's ``X_new``.
-    It is always in :func:`adam`'s chain (so the chain's state has the same
-    structure whether or not the coefficient is traced) and is the identity
-    when the coefficient is known to be 0.
-    """
-
-    def update_fn(updates, state, params=None):
-        reason = checks.params_needed_for("norm_coefficient_post", norm_coefficient_post)
-        if reason is None:
-            return updates, state
-        checks.check_params_given(params, "adam", reason)
-        checks.check_same_shapes(params, updates, "params", "updates")
-
-        def leaf(u, x):
-            dtype = compute_dtype(u.dtype, x.dtype)
-            return _post_shrink(x, u.astype(dtype), norm_coefficient_post, dtype).astype(u.dtype)
-
-        return jax.tree.map(leaf, updates, params), state
-
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+    return _transformation("scale_by_dml_adam", None, b1, b2, eps, norm_coefficient, None, mu_dtype, nu_dtype)
 
 
 def adam(
@@ -387,8 +316,8 @@ def adam(
     *,
     norm_coefficient: float | None = None,
     norm_coefficient_post: float | None = None,
-    mu_dtype: Any = None,
-    nu_dtype: Any = None,
+    mu_dtype: DTypeLike | None = None,
+    nu_dtype: DTypeLike | None = None,
 ) -> optax.GradientTransformation:
     """Adam exactly as DirectML's ``DML_ADAM_OPTIMIZER_OPERATOR_DESC`` (the epsilon-hat form).
 
@@ -432,10 +361,10 @@ def adam(
     correction is computed from ``1 - b``).
 
     Returns:
-      An ``optax.GradientTransformation``: ``optax.chain`` of
-      :func:`scale_by_dml_adam`, ``optax.scale_by_learning_rate`` and the
-      post-step shrinkage (the identity when ``norm_coefficient_post`` is None or 0). Every numeric
-      argument works under ``optax.inject_hyperparams``. On sharded parameters
+      An ``optax.GradientTransformation`` whose state is
+      ``(ScaleByDmlAdamState,)`` (a tuple, as Optax's aliases' states are;
+      the schedule is called with its ``count``). Every numeric argument
+      works under ``optax.inject_hyperparams``. On sharded parameters
       (``jax.sharding``) the moments get each parameter's sharding, also from
       ``jax.jit(tx.init)``; the count is replicated.
 
@@ -454,14 +383,6 @@ def adam(
       >>> updates, state = tx.update(grads, state, params)
       >>> params = optax.apply_updates(params, updates)
     """
-    checks.check_scalar("learning_rate", learning_rate, low=0.0, allow_schedule=True)
-    checks.check_scalar(
-        "norm_coefficient_post", norm_coefficient_post, low=0.0, high=1.0, high_open=True, allow_none=True
-    )
-    return optax.chain(
-        scale_by_dml_adam(
-            b1, b2, eps, norm_coefficient=norm_coefficient, mu_dtype=mu_dtype, nu_dtype=nu_dtype
-        ),
-        optax.scale_by_learning_rate(learning_rate),
-        _scale_by_norm_coefficient_post(norm_coefficient_post),
-    )
+    hyperparams.check_scalar("learning_rate", learning_rate, low=0.0, allow_schedule=True)
+    return optax.chain(_transformation("adam", learning_rate, b1, b2, eps, norm_coefficient, norm_coefficient_post,
+                                       mu_dtype, nu_dtype))

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import DictKey, PyTreeDef
 
-from optkit._src import checks
+from optkit._src import trees
 
 __all__ = ["FlatParams", "refuse_flat"]
 
@@ -104,7 +104,7 @@ def _device_of(leaves_with_paths: Sequence[tuple[Any, Any]]):
         if len(devices) > 1:
             raise ValueError(
                 f"FlatParams keeps one buffer per dtype on one device, but the leaf at "
-                f"{checks.keystr(path)} is sharded over {len(devices)} devices; keep sharded "
+                f"{trees.keystr(path)} is sharded over {len(devices)} devices; keep sharded "
                 f"parameters per leaf (the default path)"
             )
         if not leaf.committed:
@@ -114,8 +114,8 @@ def _device_of(leaves_with_paths: Sequence[tuple[Any, Any]]):
             device, first_path = leaf_device, path
         elif leaf_device != device:
             raise ValueError(
-                f"FlatParams needs every leaf on one device: the leaf at {checks.keystr(path)} is on "
-                f"{leaf_device} but the leaf at {checks.keystr(first_path)} is on {device}"
+                f"FlatParams needs every leaf on one device: the leaf at {trees.keystr(path)} is on "
+                f"{leaf_device} but the leaf at {trees.keystr(first_path)} is on {device}"
             )
     return device
 
@@ -270,7 +270,7 @@ class FlatParams(Mapping[str, Any]):
           >>> [b.shape for b in flat.buffers]
           [(3,), (4,)]
         """
-        checks.check_floating(tree, "params")
+        trees.check_floating(tree, "params")
         leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
         if not leaves_with_paths:
             raise ValueError(f"FlatParams.from_tree needs at least one array leaf, got {tree!r}")
@@ -313,13 +313,13 @@ class FlatParams(Mapping[str, Any]):
           >>> grads = flat.pack({"w": jnp.array([0.5, -1.0])})
         """
         reference = self._layout.shapes_tree()
-        checks.check_same_shapes(tree, reference, "tree", "the FlatParams layout")
+        trees.check_same_shapes(tree, reference, "tree", "the FlatParams layout")
         leaves_with_paths = jax.tree_util.tree_flatten_with_path(tree)[0]
         for (path, leaf), (group, _, _) in zip(leaves_with_paths, self._layout.leaves):
             want = self._layout.dtypes[group]
             if _leaf_dtype(leaf) != want:
                 raise TypeError(
-                    f"tree leaf at {checks.keystr(path)} has dtype {_leaf_dtype(leaf)} but the "
+                    f"tree leaf at {trees.keystr(path)} has dtype {_leaf_dtype(leaf)} but the "
                     f"FlatParams layout stores {want} there"
                 )
         device = _device_of(leaves_with_paths)

@@ -8,7 +8,9 @@ otherwise. The result is an ordinary JAX function: it can be jitted and
 differentiated again, which gives higher derivatives by nesting.
 
 :func:`gradient` is the form for a Python function. :class:`optkit.Graph`
-(``graph.py``) uses the same core, :func:`differentiate`, for Gradient nodes.
+(:mod:`optkit._src.graph`) uses the same core, :func:`differentiate`, for its
+Gradient nodes. The checks of the operator's attributes (``xs``, ``zs``, ``y``)
+and of the values it differentiates are here too.
 """
 
 from __future__ import annotations
@@ -20,9 +22,82 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from optkit._src.checks import check_differentiable, check_gradient_names, check_target
+from optkit._src.trees import check_floating
 
-__all__ = ["gradient", "differentiate"]
+__all__ = ["gradient", "differentiate", "check_names", "check_gradient_names", "check_differentiable", "check_target"]
+
+
+def check_names(
+    arg: str, names: Any, *, allow_empty_list: bool = True, allow_absent: bool = False
+) -> tuple[str, ...]:
+    """``names`` as a tuple of non-empty, distinct tensor names; errors name ``arg``.
+
+    A bare string is refused rather than read as a list of characters or as a
+    one-name list: ``xs="W"`` is almost always a slip for ``xs=["W"]``. With
+    ``allow_absent`` (a node's inputs and outputs), ``""`` stands for an absent
+    tensor and repeats are left to the caller.
+    """
+    if isinstance(names, (str, bytes)):
+        raise TypeError(f"{arg} must be a sequence of tensor names, got the string "
+                        f"{names!r}; write [{names!r}]")
+    try:
+        names = tuple(names)
+    except TypeError:
+        raise TypeError(f"{arg} must be a sequence of tensor names, got {names!r}") from None
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"{arg} must hold {'' if allow_absent else 'non-empty '}strings, got {name!r}")
+        if not name and not allow_absent:
+            raise ValueError(f"{arg} must hold non-empty strings, got ''")
+    if allow_absent:
+        return names
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{arg} names the tensor {name!r} twice")
+        seen.add(name)
+    if not names and not allow_empty_list:
+        raise ValueError(f"{arg} must name at least one tensor")
+    return names
+
+
+def check_gradient_names(xs: Any, zs: Any, y: Any, *, y_required: bool) -> tuple:
+    """Validate a Gradient's ``xs``, ``zs`` and ``y`` attributes; return them canonical."""
+    xs = check_names("xs", xs, allow_empty_list=False)
+    zs = check_names("zs", zs)
+    both = [name for name in xs if name in zs]
+    if both:
+        raise ValueError(f"tensor {both[0]!r} is in both xs and zs; a tensor is either "
+                         f"differentiated (xs) or held fixed (zs), not both")
+    if y is None:
+        if y_required:
+            raise ValueError("y (the name of the tensor to differentiate) is required")
+    elif not isinstance(y, str) or not y:
+        raise TypeError(f"y must be a non-empty tensor name, got {y!r}")
+    return xs, zs, y
+
+
+def check_differentiable(name: str, value: Any) -> None:
+    """Raise ``ValueError`` naming ``xs`` tensor ``name`` if ``value`` is not floating point."""
+    if not jax.tree_util.tree_leaves(value):
+        raise ValueError(f"xs tensor {name!r} was fed {value!r}, which holds no array; feed a "
+                         f"floating-point array (or a pytree of them) to differentiate")
+    try:
+        check_floating(value, f"xs tensor {name!r}")
+    except TypeError as err:
+        raise ValueError(f"{err}; Gradient differentiates floating-point tensors only "
+                         f"(SPEC 6): put integer and boolean tensors in zs") from None
+
+
+def check_target(y_name: str, value: Any) -> None:
+    """Raise ``ValueError`` naming the Gradient target ``y_name`` if ``value`` is not floating point."""
+    if not jax.tree_util.tree_leaves(value):
+        raise ValueError(f"y tensor {y_name!r} is {value!r}, which holds no array; the function "
+                         f"must compute a floating-point y to differentiate")
+    try:
+        check_floating(value, f"y tensor {y_name!r}")
+    except TypeError as err:
+        raise ValueError(f"{err}; only a floating-point y can be differentiated") from None
 
 
 def differentiate(

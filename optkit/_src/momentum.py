@@ -8,11 +8,9 @@ SPEC 4, for one tensor, with ``T`` the number of updates already made::
     standard: X_new = X - R * V_new
     nesterov: X_new = X - R * (G_reg + alpha * V_new)
 
-:func:`_momentum_leaf` is that formula, once; :func:`_beta_adj` is the step's
-scalar. The spec operator :func:`onnx_momentum` scales the direction by ``R``
-and subtracts; the Optax transformation :func:`scale_by_onnx_momentum` returns
-the direction and leaves ``R`` to ``optax.scale_by_learning_rate``
-(:func:`momentum`).
+:func:`momentum_leaf` is that formula; :func:`onnx_momentum` (the spec's
+operator) and :func:`scale_by_onnx_momentum` / :func:`momentum` (Optax
+transformations) are it, through :mod:`optkit._src.elementwise`.
 """
 
 from __future__ import annotations
@@ -22,40 +20,33 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.typing import ArrayLike, DTypeLike
 
-from optkit._src import checks, sharding
-from optkit._src.numerics import compute_dtype, map_leaves, per_dtype
+from optkit._src import elementwise, hyperparams, trees
 
 __all__ = ["ScaleByOnnxMomentumState", "OnnxMomentumOutputs", "onnx_momentum", "scale_by_onnx_momentum", "momentum"]
 
 MODES = ("standard", "nesterov")  # ONNX Momentum's ``mode``: ``nesterov=False`` / ``True``
 
 
-# ---------------------------------------------------------------------------
-# The formula
+def momentum_leaf(x, g, v, *, r, descend, alpha, beta_adj, nesterov, norm_coefficient):
+    """SPEC 4 for one tensor: ``(X_new - X, V_new)``, with ``r`` the step's scalar (see elementwise)."""
+    if norm_coefficient is not None:
+        g = norm_coefficient * x + g                                        # G_reg
+    v = alpha * v + beta_adj * g                                            # V_new
+    direction = g + alpha * v if nesterov else v                            # nesterov / standard
+    return descend(r * direction), v                                       # - R V_new or - R (G_reg + alpha V_new)
 
 
-def _beta_adj(T: Any, beta: Any, dtype: Any) -> jax.Array:
+def _beta_adj(T: jax.Array, beta: ArrayLike, dtype: Any) -> jax.Array:
     """``beta if T > 0 else 1`` in ``dtype`` (SPEC 4: the first update uses the whole gradient)."""
     return jnp.where(jnp.asarray(T) > 0, jnp.asarray(beta, dtype), jnp.ones([], dtype))
 
 
-def _momentum_leaf(g, v, x, *, rate, alpha, beta_adj, nesterov, norm_coefficient, dtype):
-    """SPEC 4 for one tensor: ``(rate * direction, V_new)`` in ``dtype``.
-
-    ``direction`` is ``V_new`` (standard) or ``G_reg + alpha * V_new``
-    (nesterov); ``x`` is the parameter, or None when ``norm_coefficient`` is
-    known to be 0; ``rate`` is the step's scalar, or None for 1.
-    """
-    g = g.astype(dtype)
-    g_reg = g if x is None else norm_coefficient * x.astype(dtype) + g
-    v_new = alpha * v.astype(dtype) + beta_adj * g_reg
-    direction = g_reg + alpha * v_new if nesterov else v_new
-    return (direction if rate is None else rate * direction), v_new
-
-
-# ---------------------------------------------------------------------------
-# The spec operator
+def _check(alpha, beta, norm_coefficient, allow_none):
+    hyperparams.check_scalar("alpha", alpha, low=0.0)
+    hyperparams.check_scalar("beta", beta, low=0.0)
+    hyperparams.check_scalar("norm_coefficient", norm_coefficient, low=0.0, allow_none=allow_none)
 
 
 class OnnxMomentumOutputs(NamedTuple):
@@ -66,8 +57,8 @@ class OnnxMomentumOutputs(NamedTuple):
 
 
 def onnx_momentum(
-    R: Any,
-    T: Any,
+    R: ArrayLike,
+    T: ArrayLike,
     X: Any,
     G: Any,
     V: Any,
@@ -113,32 +104,18 @@ def onnx_momentum(
       ...     jnp.float32(0.1), 0, [jnp.ones(2)], [jnp.ones(2)], [jnp.zeros(2)],
       ...     alpha=0.9, beta=1.0, mode="standard", norm_coefficient=0.0)
     """
-    checks.check_scalar("alpha", alpha, low=0.0)
-    checks.check_scalar("beta", beta, low=0.0)
-    checks.check_choice("mode", mode, MODES)
-    checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0)
-    R = checks.check_rate_scalar("R", R)
-    T = checks.check_step_count("T", T)
-    checks.check_tensors("X", X, G=G, V=V)
-    use_x = not checks.is_concrete_zero(norm_coefficient)
-    beta_adj = per_dtype(lambda dtype: _beta_adj(T, beta, dtype))
-
-    def leaf(x, g, v):
-        dtype = compute_dtype(x.dtype, g.dtype, v.dtype)
-        step, v_new = _momentum_leaf(g, v, x if use_x else None, rate=R.astype(dtype), alpha=alpha,
-                                     beta_adj=beta_adj(dtype), nesterov=mode == "nesterov",
-                                     norm_coefficient=norm_coefficient, dtype=dtype)
-        return (x.astype(dtype) - step).astype(x.dtype), v_new.astype(v.dtype)
-
-    return OnnxMomentumOutputs(*map_leaves(leaf, 2, X, G, V))
-
-
-# ---------------------------------------------------------------------------
-# The Optax transformation
+    _check(alpha, beta, norm_coefficient, allow_none=False)
+    hyperparams.check_choice("mode", mode, MODES)
+    R = hyperparams.check_rate_scalar("R", R)
+    T = hyperparams.check_step_count("T", T)
+    trees.check_tensors("X", X, G=G, V=V)
+    return OnnxMomentumOutputs(*elementwise.spec_operator(
+        momentum_leaf, X, G, [V], scalars=lambda dtype: {"r": R.astype(dtype), "beta_adj": _beta_adj(T, beta, dtype)},
+        alpha=alpha, nesterov=mode == "nesterov", norm_coefficient=elementwise.coefficient(norm_coefficient)))
 
 
 class ScaleByOnnxMomentumState(NamedTuple):
-    """State of :func:`scale_by_onnx_momentum`.
+    """State of :func:`scale_by_onnx_momentum` and :func:`momentum`.
 
     Attributes:
       count: int32 scalar, the number of updates made so far (ONNX's ``T``;
@@ -151,13 +128,24 @@ class ScaleByOnnxMomentumState(NamedTuple):
     trace: optax.Updates
 
 
+def _transformation(name, learning_rate, alpha, beta, nesterov, norm_coefficient, accumulator_dtype):
+    _check(alpha, beta, norm_coefficient, allow_none=True)
+    hyperparams.check_flag("nesterov", nesterov)
+    accumulator_dtype = hyperparams.check_dtype("accumulator_dtype", accumulator_dtype)
+    return elementwise.transformation(
+        name, momentum_leaf, ScaleByOnnxMomentumState, moments=[(0, accumulator_dtype)],
+        scalars=lambda count, dtype: {"r": 1.0, "beta_adj": _beta_adj(count, beta, dtype)},
+        learning_rate=learning_rate, coefficients={"norm_coefficient": norm_coefficient}, alpha=alpha,
+        nesterov=nesterov)
+
+
 def scale_by_onnx_momentum(
     alpha: float = 0.9,
     beta: float = 1.0,
     *,
     nesterov: bool = False,
     norm_coefficient: float | None = None,
-    accumulator_dtype: Any = None,
+    accumulator_dtype: DTypeLike | None = None,
 ) -> optax.GradientTransformation:
     """ONNX Momentum's direction, before the learning rate (SPEC.md section 4).
 
@@ -168,6 +156,9 @@ def scale_by_onnx_momentum(
         V_new    = alpha * V + beta_adj * G_reg
         update   = V_new                       (standard)
         update   = G_reg + alpha * V_new       (nesterov)
+
+    Chained with ``optax.scale_by_learning_rate(R)`` the update is ONNX's
+    ``X_new - X``.
 
     Args:
       alpha: ONNX ``alpha``, the decay of the momentum, >= 0.
@@ -196,42 +187,8 @@ def scale_by_onnx_momentum(
       >>> tx = optax.chain(optkit.scale_by_onnx_momentum(0.9), optax.scale_by_learning_rate(0.1))
       >>> state = tx.init({"w": jnp.ones(3)})
     """
-    checks.check_scalar("alpha", alpha, low=0.0)
-    checks.check_scalar("beta", beta, low=0.0)
-    checks.check_scalar("norm_coefficient", norm_coefficient, low=0.0, allow_none=True)
-    if not isinstance(nesterov, bool):
-        raise TypeError(f"nesterov must be a bool, got {nesterov!r}")
-    accumulator_dtype = checks.check_dtype("accumulator_dtype", accumulator_dtype)
-    params_reason = checks.params_needed_for("norm_coefficient", norm_coefficient)
-    use_params = params_reason is not None
-
-    def init_fn(params):
-        checks.check_floating(params, "params")
-        trace = sharding.tree_zeros_like(params, accumulator_dtype)
-        return ScaleByOnnxMomentumState(count=jnp.zeros([], jnp.int32), trace=trace)
-
-    def update_fn(updates, state, params=None):
-        state = checks.check_state(state, ScaleByOnnxMomentumState, "scale_by_onnx_momentum")
-        checks.check_count(state.count, "scale_by_onnx_momentum")
-        checks.check_update_inputs(
-            "scale_by_onnx_momentum", updates, {"state.trace": state.trace},
-            params, params_reason,
-        )
-        beta_adj = per_dtype(lambda dtype: _beta_adj(state.count, beta, dtype))
-
-        def leaf(g, v, x):
-            dtype = compute_dtype(g.dtype, v.dtype, None if x is None else x.dtype)
-            direction, v_new = _momentum_leaf(g, v, x, rate=None, alpha=alpha, beta_adj=beta_adj(dtype),
-                                              nesterov=nesterov, norm_coefficient=norm_coefficient, dtype=dtype)
-            return direction.astype(g.dtype), v_new.astype(v.dtype)
-
-        new_updates, trace = map_leaves(
-            leaf, 2, updates, state.trace, params if use_params else None
-        )
-        count = optax.safe_increment(state.count)
-        return new_updates, ScaleByOnnxMomentumState(count=count, trace=trace)
-
-    return optax.GradientTransformation(init_fn, update_fn)
+    return _transformation("scale_by_onnx_momentum", None, alpha, beta, nesterov, norm_coefficient,
+                           accumulator_dtype)
 
 
 def momentum(
@@ -241,7 +198,7 @@ def momentum(
     *,
     nesterov: bool = False,
     norm_coefficient: float | None = None,
-    accumulator_dtype: Any = None,
+    accumulator_dtype: DTypeLike | None = None,
 ) -> optax.GradientTransformation:
     """Momentum exactly as ONNX ``ai.onnx.preview.training::Momentum`` (version 1) defines it.
 
@@ -276,8 +233,10 @@ def momentum(
     gradients").
 
     Returns:
-      An ``optax.GradientTransformation``: ``optax.chain`` of
-      :func:`scale_by_onnx_momentum` and ``optax.scale_by_learning_rate``.
+      An ``optax.GradientTransformation`` whose state is
+      ``(ScaleByOnnxMomentumState,)`` (a tuple, as Optax's aliases' states
+      are; the schedule is called with its ``count``). Every numeric
+      argument works under ``optax.inject_hyperparams``.
       On sharded parameters (``jax.sharding``) ``V`` gets each parameter's
       sharding, also from ``jax.jit(tx.init)``; the count is replicated.
 
@@ -294,11 +253,6 @@ def momentum(
       >>> updates, state = tx.update(grads, state, params)
       >>> params = optax.apply_updates(params, updates)
     """
-    checks.check_scalar("learning_rate", learning_rate, low=0.0, allow_schedule=True)
-    return optax.chain(
-        scale_by_onnx_momentum(
-            alpha, beta, nesterov=nesterov, norm_coefficient=norm_coefficient,
-            accumulator_dtype=accumulator_dtype,
-        ),
-        optax.scale_by_learning_rate(learning_rate),
-    )
+    hyperparams.check_scalar("learning_rate", learning_rate, low=0.0, allow_schedule=True)
+    return optax.chain(_transformation("momentum", learning_rate, alpha, beta, nesterov, norm_coefficient,
+                                       accumulator_dtype))

@@ -22,9 +22,11 @@ import onnx.shape_inference
 from onnx import helper
 
 from optkit import Graph
-from optkit._src.checks import check_feed
-from optkit.onnx._loader import Converted, InputInfo, Limits, ModelSource, convert, load_model
-from optkit.onnx._table import TRAINING_DOMAIN, normalize_domain
+from optkit._src.graph.names import check_feed
+from optkit.onnx._convert import Converted, InputInfo, convert
+from optkit.onnx._files import ModelSource, load_model
+from optkit.onnx._limits import Limits
+from optkit.onnx._ops._values import TRAINING_DOMAIN, normalize_domain
 
 __all__ = ["Backend", "BackendRep", "prepare", "run_model", "run_node"]
 
@@ -215,7 +217,7 @@ class BackendRep(onnx.backend.base.BackendRep):
             def graph_function(*values):
                 feeds = dict(zip(dynamic, values))
                 feeds.update(static)
-                result = graph.evaluate(feeds, outputs)
+                result = graph.evaluate(feeds, outputs, check_feeds=False)  # checked by run()
                 return tuple(result[name] for name in outputs)
 
             fn = jax.jit(graph_function) if self._jit else graph_function

@@ -13,6 +13,12 @@ are ignored and the node's inputs replace them), keeping the nodes that ``y``
 needs. The node re-traces that sub-graph inside ``jax.vjp``; a Gradient node
 inside the sub-graph of another is therefore differentiated again, which gives
 higher derivatives (nested ``jax.vjp``).
+
+The parts, each its own module: :mod:`~optkit._src.graph.nodes` (the node
+types), :mod:`~optkit._src.graph.names` (every name defined once, feeds
+checked), :mod:`~optkit._src.graph.analysis` (what the graph means: closure,
+order, each Gradient node's sub-graph, the checks that need the whole graph)
+and :mod:`~optkit._src.graph.run` (evaluation).
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from optkit._src.checks import check_gradient_node, check_names
-from optkit._src.graph_analysis import GraphAnalysis
-from optkit._src.graph_nodes import GradientNode, GraphNode, Node, Tensors
-from optkit._src.graph_run import GraphRunner
+from optkit._src.gradient import check_names
+from optkit._src.graph.analysis import GraphAnalysis
+from optkit._src.graph.names import Tensors
+from optkit._src.graph.nodes import GradientNode, GraphNode, Node, check_gradient_node
+from optkit._src.graph.run import GraphRunner
 
 __all__ = ["Graph", "GraphNode", "GradientNode"]
 
@@ -98,9 +105,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
     def _analyzed(self) -> GraphRunner:
         """The runner of the graph as it is now (analysed once per version; raises if invalid)."""
         if self._runner is None:
-            t = self._tensors
-            self._runner = GraphRunner(GraphAnalysis(t.nodes, t.producer, t.inputs, t.initializers, self._outputs),
-                                       t.producer)
+            self._runner = GraphRunner(GraphAnalysis(self._tensors, self._outputs))
         return self._runner
 
     def add_input(
@@ -283,19 +288,19 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
 
     # --------------------------------------------------------------- evaluation
 
-    def _requested(self, outputs: str | Sequence[str] | None) -> tuple[tuple[str, ...], bool]:
-        """The output names asked for (default :attr:`outputs`), each defined; and whether one name was."""
+    def _requested(self, outputs: str | Sequence[str] | None) -> tuple[tuple[str, ...], bool, GraphRunner]:
+        """The output names asked for (default :attr:`outputs`), each defined; whether one name was; the runner."""
         single = isinstance(outputs, str)
         names = (outputs,) if single else check_names("outputs", self.outputs if outputs is None else outputs)
-        self._analyzed()
+        runner = self._analyzed()
         for name in names:
             if not self._tensors.defined(name):
                 raise ValueError(f"output {name!r} is not a graph input, an initializer or "
                                  f"any node's output")
-        return names, single
+        return names, single, runner
 
     def evaluate(
-        self, feeds: Mapping[str, Any], outputs: str | Sequence[str] | None = None
+        self, feeds: Mapping[str, Any], outputs: str | Sequence[str] | None = None, *, check_feeds: bool = True
     ) -> Any:
         """Evaluate the graph on ``feeds``; jittable (pure JAX).
 
@@ -303,6 +308,9 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
           feeds: values for graph inputs (and overrides for initializers), by name.
           outputs: the tensor names to compute, in order, or one name; default
             :attr:`outputs`. Only the nodes these need run.
+          check_feeds: False skips the check of each fed value against the
+            graph input's declared shape and dtype, for a caller that checked
+            them already (:class:`optkit.onnx.BackendRep`, with ONNX's rules).
 
         Returns:
           A dict from each requested name to its value, in the requested
@@ -319,10 +327,9 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         if not isinstance(feeds, Mapping):
             raise TypeError(f"feeds must be a mapping from tensor names to values, got "
                             f"{type(feeds).__name__}; as_function() takes positional values")
-        names, single = self._requested(outputs)
+        names, single, runner = self._requested(outputs)
         for name, value in feeds.items():
-            self._tensors.check_feed(name, value)
-        runner = self._analyzed()
+            self._tensors.check_feed(name, value if check_feeds else None)
         env = dict(self._tensors.initializers)
         env.update(feeds)
         runner.run(runner.plan(names, frozenset(env)), env)
@@ -356,7 +363,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         inputs = self.inputs if inputs is None else check_names("inputs", inputs)
         for name in inputs:
             self._tensors.check_feed(name, None)  # a name that cannot be fed raises, naming it
-        names, single = self._requested(outputs)
+        names, single, _ = self._requested(outputs)
 
         def graph_function(*values: Any) -> Any:
             if len(values) != len(inputs):

@@ -1,7 +1,7 @@
 """Evaluating a :class:`optkit.Graph`: the nodes an output needs, run in order, Gradient nodes as
 ``jax.vjp`` of their sub-graphs (SPEC 6).
 
-:class:`GraphRunner` works from a :class:`~optkit._src.graph_analysis.GraphAnalysis`:
+:class:`GraphRunner` works from a :class:`~optkit._src.graph.analysis.GraphAnalysis`:
 it plans which nodes compute the requested tensors from the known ones (cached
 per request) and runs them, re-tracing a Gradient node's sub-graph inside
 :func:`optkit._src.gradient.differentiate`, so that a Gradient node inside
@@ -13,25 +13,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from optkit._src.checks import check_differentiable
-from optkit._src.gradient import differentiate
-from optkit._src.graph_analysis import GraphAnalysis, walk_back
-from optkit._src.graph_nodes import GradientNode, Node
+from optkit._src.gradient import check_differentiable, differentiate
+from optkit._src.graph.analysis import GraphAnalysis, walk_back
+from optkit._src.graph.nodes import GradientNode, Node
 
 __all__ = ["GraphRunner"]
 
 
 class GraphRunner:
-    """Runs one version of a graph (its analysis and the nodes producing each tensor).
+    """Runs one version of a graph.
 
     Args:
       analysis: the graph's :class:`GraphAnalysis`.
-      producer: the node that produces each tensor.
     """
 
-    def __init__(self, analysis: GraphAnalysis, producer: Mapping[str, Node]) -> None:
+    def __init__(self, analysis: GraphAnalysis) -> None:
         self._analysis = analysis
-        self._producer = producer
+        self._producer = analysis.tensors.producer
         self._plans: dict[tuple[tuple[str, ...], frozenset[str]], tuple[Node, ...]] = {}
 
     def plan(self, targets: tuple[str, ...], known: frozenset[str]) -> tuple[Node, ...]:

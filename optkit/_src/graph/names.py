@@ -1,91 +1,19 @@
-"""The parts of an :class:`optkit.Graph`: its nodes (a JAX callable over named tensors, ONNX's Gradient
-node) and its names (:class:`Tensors`: inputs, initializers, nodes, producers, feeds checked)."""
+"""The names of an :class:`optkit.Graph`: its inputs, initializers, nodes and the node that produces each
+tensor (:class:`Tensors`), and the check of a value fed for a graph input."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
 
-from optkit._src.checks import check_feed, check_names, check_shape
+from optkit._src.gradient import check_names
+from optkit._src.graph.nodes import Node, name_of
+from optkit._src.trees import check_shape
 
-__all__ = ["GraphNode", "GradientNode", "Node", "name_of", "InputSpec", "Tensors"]
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class GraphNode:
-    """A node ``outputs <- fn(inputs)`` of a :class:`Graph`; made by :meth:`Graph.add`.
-
-    Attributes:
-      fn: a JAX-traceable callable. With ``keywords=None`` it is called with
-        the input tensors positionally, else as ``fn(**dict(zip(keywords, values)))``.
-        An absent optional input (name ``""``) is passed as None.
-      inputs: names of the tensors read, in call order; ``""`` is an absent input.
-      outputs: names of the tensors produced; ``""`` is an output not produced.
-      name: the node's name, used in error messages.
-      keywords: the keyword for each input, or None for positional calls.
-    """
-
-    fn: Callable[..., Any] = dataclasses.field(repr=False)
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    name: str
-    keywords: tuple[str, ...] | None = dataclasses.field(default=None, repr=False)
-
-    def __call__(self, values: Sequence[Any]) -> tuple[Any, ...]:
-        """Run ``fn`` on the input values; return one value per output name."""
-        if self.keywords is None:
-            out = self.fn(*values)
-        else:
-            out = self.fn(**dict(zip(self.keywords, values, strict=True)))
-        if len(self.outputs) == 1:
-            return (out,)
-        if isinstance(out, Mapping):
-            missing = [o for o in self.outputs if o and o not in out]
-            if missing:
-                raise ValueError(f"node {self.name!r} returned the tensors {list(out)}, "
-                                 f"without its output {missing[0]!r}")
-            return tuple(out[o] if o else None for o in self.outputs)
-        if not isinstance(out, (tuple, list)) or len(out) != len(self.outputs):
-            got = (f"{len(out)} values" if isinstance(out, (tuple, list))
-                   else f"one {type(out).__name__}")
-            raise ValueError(f"node {self.name!r} has {len(self.outputs)} outputs "
-                             f"{list(self.outputs)} but its function returned {got}; return "
-                             f"a tuple with one value per output or a mapping from output names")
-        return tuple(out)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class GradientNode:
-    """An ONNX Gradient node of a :class:`Graph`; made by :meth:`Graph.add_gradient`.
-
-    Attributes:
-      xs, zs, y: the ONNX attributes: the differentiated inputs, the fixed
-        inputs, and the target tensor of the sub-graph (SPEC 6).
-      inputs: names of the tensors fed for ``xs + zs`` (in that order); the
-        gradient is taken at their values.
-      outputs: one name per ``xs``: output i is ``dy/d(xs[i])``; ``""`` is not produced.
-      name: the node's name, used in error messages.
-    """
-
-    xs: tuple[str, ...]
-    zs: tuple[str, ...]
-    y: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    name: str
-
-
-Node = GraphNode | GradientNode
-
-
-
-def name_of(node: Node) -> str:
-    """The node as error messages name it: ``node 'n'`` or ``Gradient node 'g'``."""
-    kind = "Gradient node" if isinstance(node, GradientNode) else "node"
-    return f"{kind} {node.name!r}"
+__all__ = ["InputSpec", "Tensors", "check_feed", "shape_text"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,3 +123,33 @@ class Tensors:
                                  f"; only graph inputs and initializers can be fed")
             raise ValueError(f"feed {name!r} is not a graph input (inputs: {list(self.inputs)})")
         check_feed(name, value, spec.shape, spec.dtype)
+
+
+def shape_text(shape: Sequence[Any] | None) -> str:
+    """A declared shape as text, ``(N, 3)``: an int, a symbolic name, ``?`` for an unknown dimension."""
+    if shape is None:
+        return "(any shape)"
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+
+
+def check_feed(name: str, value: Any, shape: Sequence[Any] | None, dtype: Any, *, exact: bool = False) -> None:
+    """A value fed for graph input ``name`` against its declared ``shape`` and ``dtype``.
+
+    ``shape`` entries are ints (checked), or None or a symbolic name (free);
+    None for the whole shape or ``dtype`` leaves that unchecked. Values without
+    ``.shape``/``.dtype`` (pytrees fed to an :class:`optkit.Graph`) pass.
+
+    Raises:
+      TypeError (``exact``, ONNX's rule: no implicit conversion) or ValueError:
+        a dtype other than the declared one.
+      ValueError: another rank, or another size on a fixed dimension.
+    """
+    if dtype is not None and hasattr(value, "dtype") and jnp.dtype(value.dtype) != jnp.dtype(dtype):
+        if exact:
+            raise TypeError(f"graph input {name!r} is declared {jnp.dtype(dtype)}, fed {jnp.dtype(value.dtype)}; "
+                            f"ONNX does not convert types implicitly: cast the value first")
+        raise ValueError(f"graph input {name!r} is declared {jnp.dtype(dtype)}, fed {jnp.dtype(value.dtype)}")
+    if shape is not None and hasattr(value, "shape"):
+        got = tuple(value.shape)
+        if len(got) != len(shape) or any(isinstance(d, int) and d != s for d, s in zip(shape, got)):
+            raise ValueError(f"graph input {name!r} is declared with shape {shape_text(shape)}, fed shape {got}")

@@ -1,12 +1,13 @@
-"""Handlers for ``ai.onnx.preview.training``: Adagrad, Adam, Momentum (and Gradient's row).
+"""``ai.onnx.preview.training``: Gradient (SPEC 6), Adagrad, Adam, Momentum (SPEC 1, 3, 4).
 
-The optimizer handlers parse ONNX's variadic form (``R, T``, then ``n`` tensors
-of each kind) and call the public spec operators of :mod:`optkit.ops`, where
-the arithmetic and the attributes' bounds live (SPEC sections 1, 3, 4): a
-node's attributes are checked when it is loaded by tracing its operator
-abstractly on one tiny tensor of each kind, so nothing about the operators is
-repeated here. The Gradient operator (SPEC 6) has no handler: the loader maps
-it onto :meth:`optkit.Graph.add_gradient`.
+Gradient's builder checks the node's attributes and returns a
+:class:`~optkit.onnx._ops._registry.GradientRequest`, which the converter makes
+an :class:`optkit.Graph` Gradient node (``jax.vjp`` of its sub-graph). The
+optimizer handlers parse ONNX's variadic form (``R, T``, then ``n`` tensors of
+each kind) and call the public spec operators of :mod:`optkit.ops`, where the
+arithmetic and the attributes' bounds live: a node's attributes are checked
+when it is loaded by tracing its operator abstractly on one tiny tensor of
+each kind, so nothing about the operators is repeated here.
 """
 
 from __future__ import annotations
@@ -18,9 +19,22 @@ import jax
 import jax.numpy as jnp
 
 import optkit.ops
-from optkit.onnx._table import TRAINING_DOMAIN, Handler, NodeContext, handler
+from optkit._src.gradient import check_gradient_names
+from optkit.onnx._ops._registry import Family, GradientRequest, NodeContext
+from optkit.onnx._ops._values import TRAINING_DOMAIN
 
-HANDLERS: list[Handler] = [Handler("Gradient", (1,), None, TRAINING_DOMAIN)]
+OPS = Family("training", domain=TRAINING_DOMAIN)
+
+
+@OPS.op("Gradient", 1)
+def _gradient(ctx: NodeContext) -> GradientRequest:
+    """SPEC 6: inputs the values fed for ``xs + zs``; outputs ``dy/dx`` for each of ``xs`` ('' not produced)."""
+    try:
+        xs, zs, y = check_gradient_names(list(ctx.attrs.get("xs", ())), list(ctx.attrs.get("zs", ())),
+                                         ctx.attrs.get("y"), y_required=True)
+    except (TypeError, ValueError) as err:
+        raise type(err)(ctx.message(str(err))) from None
+    return GradientRequest(xs, zs, y)
 
 
 def _count_tensors(ctx: NodeContext, kinds: Sequence[str], results: Sequence[str]) -> int:
@@ -91,7 +105,7 @@ def _outputs(run: Callable[..., Any], fields: Sequence[str]) -> Callable[..., tu
     return node
 
 
-@handler(HANDLERS, "Adagrad", 1, domain=TRAINING_DOMAIN)
+@OPS.op("Adagrad", 1)
 def _adagrad(ctx: NodeContext):
     """SPEC 1: inputs R, T, X_1..X_n, G_1..G_n, H_1..H_n; outputs X_new..., H_new..."""
     n = _count_tensors(ctx, ("X", "G", "H"), ("X_new", "H_new"))
@@ -100,7 +114,7 @@ def _adagrad(ctx: NodeContext):
     return _outputs(run, ("X_new", "H_new"))
 
 
-@handler(HANDLERS, "Adam", 1, domain=TRAINING_DOMAIN)
+@OPS.op("Adam", 1)
 def _adam(ctx: NodeContext):
     """SPEC 3: inputs R, T, X..., G..., V... (first moments), H... (second); outputs X_new, V_new, H_new."""
     n = _count_tensors(ctx, ("X", "G", "V", "H"), ("X_new", "V_new", "H_new"))
@@ -109,7 +123,7 @@ def _adam(ctx: NodeContext):
     return _outputs(run, ("X_new", "V_new", "H_new"))
 
 
-@handler(HANDLERS, "Momentum", 1, domain=TRAINING_DOMAIN)
+@OPS.op("Momentum", 1)
 def _momentum(ctx: NodeContext):
     """SPEC 4: inputs R, T, X..., G..., V...; outputs X_new..., V_new...; all attributes required."""
     n = _count_tensors(ctx, ("X", "G", "V"), ("X_new", "V_new"))

@@ -15,7 +15,8 @@ import dataclasses
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
-from optkit._src.graph_nodes import GradientNode, Node, name_of
+from optkit._src.graph.names import Tensors
+from optkit._src.graph.nodes import GradientNode, Node, name_of
 
 __all__ = ["GradientPlan", "GraphAnalysis", "walk_back"]
 
@@ -66,9 +67,8 @@ class GraphAnalysis:
     """The analysis of one version of a graph (a graph rebuilds it when it changes).
 
     Args:
-      nodes: the nodes, in the order they were added.
-      producer: the node that produces each tensor.
-      inputs, initializers: the graph inputs' and initializers' names.
+      tensors: the graph's names (its nodes in the order they were added, and
+        the node that produces each tensor).
       outputs: the declared graph outputs, or None.
 
     Attributes:
@@ -81,18 +81,10 @@ class GraphAnalysis:
       ValueError: as :meth:`optkit.Graph.validate`.
     """
 
-    def __init__(
-        self,
-        nodes: Sequence[Node],
-        producer: Mapping[str, Node],
-        inputs: Collection[str],
-        initializers: Collection[str],
-        outputs: Sequence[str] | None,
-    ) -> None:
-        self._nodes = tuple(nodes)
-        self._producer = producer
-        self._inputs = inputs
-        self._initializers = initializers
+    def __init__(self, tensors: Tensors, outputs: Sequence[str] | None) -> None:
+        self.tensors = tensors
+        self._nodes = tuple(tensors.nodes)
+        self._producer = tensors.producer
         self._check_names(outputs)
         self.deps, cuts = self._dependencies()
         self.order = self._topological_order()
@@ -104,29 +96,26 @@ class GraphAnalysis:
         for grad in self.gradients:
             self._check_independent(grad)
 
-    def defined(self, name: str) -> bool:
-        """True if a graph input, an initializer or a node defines the tensor ``name``."""
-        return name in self._producer or name in self._inputs or name in self._initializers
-
     def _check_names(self, outputs: Sequence[str] | None) -> None:
         """Every name a node reads, a Gradient node names, or the graph outputs is defined."""
+        defined = self.tensors.defined
         for node in self._nodes:
             if isinstance(node, GradientNode):
-                if not self.defined(node.y):
+                if not defined(node.y):
                     raise ValueError(f"{name_of(node)}: y {node.y!r} is never computed by the "
                                      f"graph (not a graph input, initializer or node output)")
                 for attr, names in (("xs", node.xs), ("zs", node.zs)):
                     for name in names:
-                        if not self.defined(name):
+                        if not defined(name):
                             raise ValueError(
                                 f"{name_of(node)}: {name!r} in {attr} is not a graph input, "
                                 f"an initializer or an intermediate tensor of the graph")
             for name in node.inputs:
-                if name and not self.defined(name):
+                if name and not defined(name):
                     raise ValueError(f"{name_of(node)} reads the tensor {name!r}, which is not "
                                      f"a graph input, an initializer or any node's output")
         for name in outputs or ():
-            if not self.defined(name):
+            if not defined(name):
                 raise ValueError(f"graph output {name!r} is not a graph input, an initializer "
                                  f"or any node's output")
 
@@ -160,7 +149,7 @@ class GraphAnalysis:
             in_progress.append(grad)
             nodes, leaves = walk_back([grad.y], set(grad.xs) | set(grad.zs), self._producer, node_deps)
             for name in leaves:
-                if name not in self._initializers:
+                if name not in self.tensors.initializers:
                     raise ValueError(
                         f"{name_of(grad)}: y {grad.y!r} depends on the graph input {name!r}, "
                         f"which is in neither xs {list(grad.xs)} nor zs {list(grad.zs)}; xs "

@@ -1,0 +1,24 @@
+"""The errors optkit.onnx raises besides ``ValueError`` and ``TypeError``."""
+
+from __future__ import annotations
+
+__all__ = ["UnsupportedOpError", "TensorTooLargeError"]
+
+
+class UnsupportedOpError(NotImplementedError):
+    """An ONNX operator, operator version, attribute value or type that optkit does not run.
+
+    The message names the operator type, its domain and the model's opset
+    version for that domain (and the node, where there is one).
+    """
+
+
+class TensorTooLargeError(ValueError, MemoryError):
+    """A tensor larger than ``max_tensor_bytes``, refused before it is allocated.
+
+    Raised for a declared shape when the model is loaded and for a node's
+    output when the graph is traced, before XLA runs it; the message names the
+    tensor (and node), its shape and bytes, and the limit. It is both a
+    ``ValueError`` (a model optkit does not run) and a ``MemoryError`` (what
+    ``onnx.reference`` raises for such a graph).
+    """

@@ -1,0 +1,48 @@
+"""The ONNX operators optkit runs, by family, and the op table they make.
+
+Where an operator goes: its family module, by what it does:
+
+- :mod:`~optkit.onnx._ops.elementwise`: arithmetic, activations, comparisons,
+  logic, ``Where``, casts;
+- :mod:`~optkit.onnx._ops.nn`: ``MatMul``, ``Gemm``, softmaxes, convolution,
+  pooling and (normalization) layers;
+- :mod:`~optkit.onnx._ops.shape`: reshaping, joining, slicing, gathering,
+  ``Shape``, ``Constant``;
+- :mod:`~optkit.onnx._ops.reduce`: ``Reduce*``;
+- :mod:`~optkit.onnx._ops.loss`: loss functions;
+- :mod:`~optkit.onnx._ops.training`: ``ai.onnx.preview.training``: Gradient,
+  Adagrad, Adam, Momentum.
+
+Control flow (``If``, ``Loop``, ``Scan``) is refused at load time. Each module
+registers its builders with ``@OPS.op(op_type, *since_versions)``
+(:class:`~optkit.onnx._ops._registry.Family`); :data:`TABLE` is assembled here
+explicitly, so importing a family module changes nothing elsewhere. The docs'
+ONNX page, "Adding an operator", says how versions and tests are declared.
+"""
+
+from __future__ import annotations
+
+from optkit.onnx._ops import elementwise, loss, nn, reduce, shape, training
+from optkit.onnx._ops._registry import OpTable
+
+__all__ = ["TABLE", "supported_ops"]
+
+TABLE = OpTable(elementwise.OPS, nn.OPS, shape.OPS, reduce.OPS, loss.OPS, training.OPS)
+
+
+def supported_ops() -> list[tuple[str, str, int]]:
+    """The op table's rows: every operator version optkit runs.
+
+    Returns:
+      Sorted ``(domain, op_type, since_version)`` tuples; domain ``""`` is
+      ``ai.onnx``, ``"ai.onnx.preview.training"`` holds Adagrad, Adam,
+      Momentum and Gradient. A model importing opset ``N`` runs an operator
+      with the row of the newest ``since_version <= N``, if ONNX has no newer
+      version of it at ``N``.
+
+    Example:
+      >>> import optkit.onnx
+      >>> ("ai.onnx.preview.training", "Adam", 1) in optkit.onnx.supported_ops()
+      True
+    """
+    return TABLE.rows()

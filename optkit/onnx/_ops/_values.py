@@ -1,0 +1,142 @@
+"""ONNX values in JAX: domains, element types, tensors read from protobufs, values known before running."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from optkit.onnx._errors import UnsupportedOpError
+
+if TYPE_CHECKING:
+    from optkit.onnx._ops._registry import NodeContext
+
+__all__ = [
+    "DEFAULT_DOMAIN",
+    "TRAINING_DOMAIN",
+    "DTYPES",
+    "normalize_domain",
+    "domain_text",
+    "dtype_name",
+    "onnx_dtype",
+    "tensor_value",
+    "is_static",
+    "static_value",
+]
+
+DEFAULT_DOMAIN = ""
+TRAINING_DOMAIN = "ai.onnx.preview.training"
+
+
+def normalize_domain(domain: str) -> str:
+    """``"ai.onnx"`` and ``""`` are the same (default) domain; the table uses ``""``."""
+    return DEFAULT_DOMAIN if domain in ("", "ai.onnx") else domain
+
+
+def domain_text(domain: str) -> str:
+    """The domain as people write it: ``ai.onnx`` for the default domain."""
+    return "ai.onnx" if normalize_domain(domain) == DEFAULT_DOMAIN else domain
+
+
+# ---------------------------------------------------------------------------
+# Element types
+
+# The element types a handler may see. Strings, complex numbers and the
+# 2-, 4-, 6- and 8-bit floating/integer formats are refused at load time:
+# their ONNX cast/saturation rules are not implemented.
+DTYPES: dict[int, np.dtype] = {
+    TensorProto.FLOAT: np.dtype(np.float32),
+    TensorProto.DOUBLE: np.dtype(np.float64),
+    TensorProto.FLOAT16: np.dtype(np.float16),
+    TensorProto.BFLOAT16: np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16)),
+    TensorProto.INT8: np.dtype(np.int8),
+    TensorProto.INT16: np.dtype(np.int16),
+    TensorProto.INT32: np.dtype(np.int32),
+    TensorProto.INT64: np.dtype(np.int64),
+    TensorProto.UINT8: np.dtype(np.uint8),
+    TensorProto.UINT16: np.dtype(np.uint16),
+    TensorProto.UINT32: np.dtype(np.uint32),
+    TensorProto.UINT64: np.dtype(np.uint64),
+    TensorProto.BOOL: np.dtype(np.bool_),
+}
+
+
+def dtype_name(elem_type: int) -> str:
+    """The ONNX name of an element type (``FLOAT``, ``INT64``...)."""
+    try:
+        return TensorProto.DataType.Name(elem_type)
+    except ValueError:
+        return f"<unknown element type {elem_type}>"
+
+
+def onnx_dtype(elem_type: int, what: str) -> np.dtype:
+    """The NumPy dtype of ONNX element type ``elem_type``; ``what`` names its use in errors.
+
+    Raises:
+      UnsupportedOpError: a type optkit does not run (strings, complex, float8...).
+    """
+    if elem_type not in DTYPES:
+        supported = ", ".join(dtype_name(t) for t in DTYPES)
+        raise UnsupportedOpError(f"{what} has element type {dtype_name(elem_type)}, which optkit does "
+                                 f"not run; supported: {supported}")
+    return DTYPES[elem_type]
+
+
+def tensor_value(tensor: onnx.TensorProto, what: str) -> np.ndarray:
+    """A TensorProto's value as a read-only NumPy array; ``what`` names it in errors.
+
+    Never reads a file: ``numpy_helper.to_array`` would read a tensor whose
+    data is external from the current directory, so a tensor still marked
+    external here (its data was not loaded from the model's directory by
+    :func:`optkit.onnx.load_model`) is refused.
+
+    Raises:
+      ValueError: external data not loaded, or data that does not fit the
+        declared dims and type.
+      UnsupportedOpError: an element type optkit does not run.
+    """
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        raise ValueError(f"{what} keeps its data in an external file that was not loaded; load the "
+                         f"model with optkit.onnx.load_model (from its path, or with base_dir=)")
+    onnx_dtype(tensor.data_type, what)
+    try:
+        value = numpy_helper.to_array(tensor)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{what}: its data does not fit its dims {list(tensor.dims)} and type "
+                         f"{dtype_name(tensor.data_type)} ({err})") from None
+    value.setflags(write=False)
+    return value
+
+
+# ---------------------------------------------------------------------------
+# Values known before running
+
+
+def is_static(value: Any) -> bool:
+    """True for a value known before running: a NumPy array or scalar (not a JAX value)."""
+    return isinstance(value, (np.ndarray, np.generic))
+
+
+def static_value(value: Any, ctx: NodeContext, what: str) -> np.ndarray | None:
+    """``value`` as a NumPy array, for an input that XLA needs before running.
+
+    A shape, a list of axes... must be a compile-time constant under
+    ``jax.jit``: an initializer, a ``Constant`` node's output, a ``Shape``
+    output, or a tensor computed from those alone.
+
+    Raises:
+      ValueError: ``value`` is only known when the compiled program runs.
+    """
+    if value is None:
+        return None
+    if is_static(value):
+        return np.asarray(value)
+    if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer):
+        return np.asarray(value)
+    raise ValueError(ctx.message(
+        f"input {what!r} must be known before the graph runs (an initializer, a Constant node's "
+        f"output, a Shape output, or a tensor computed from those alone), but it is computed "
+        f"at run time from a traced value"))
