@@ -25,15 +25,10 @@ from hypothesis import strategies as st
 import optkit
 from benchmarks._hlo import full_array_traffic
 from optkit._src.adafactor import fast, paper
+from tests.helpers import x64  # noqa: F401 (float64 for every test here)
 from tests.oracles import PaperAdafactor
 
 TRANSFORMS = [pytest.param(jax.jit, id="jit"), pytest.param(lambda f: f, id="nojit")]
-
-
-@pytest.fixture(autouse=True)
-def _x64():
-    with jax.enable_x64(True):
-        yield
 
 
 def tx_kwargs(oracle_kw):

@@ -16,6 +16,7 @@ import optax
 import pytest
 
 import optkit
+from tests.helpers import random_grads
 
 ocp = pytest.importorskip("orbax.checkpoint")
 serialization = pytest.importorskip("flax.serialization")
@@ -39,11 +40,6 @@ def _params(name):
             "t": jnp.asarray(rng.standard_normal((2, 3, 5)), dtype)}
 
 
-def _grads(params, i):
-    rng = np.random.default_rng(100 + i)
-    return jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), params)
-
-
 def _make_step(tx):
     @jax.jit
     def step(params, state, grads):
@@ -54,7 +50,7 @@ def _make_step(tx):
 
 def _run(step, params, state, first, count):
     for i in range(first, first + count):
-        params, state = step(params, state, _grads(params, i))
+        params, state = step(params, state, random_grads(params, 100 + i))
     return params, state
 
 

@@ -9,12 +9,9 @@ import pytest
 from absl.testing import parameterized
 
 import optkit
+from tests.helpers import sin_grads
 
 PARAMS = {"w": jnp.array([[0.5, -1.0], [2.0, 0.25]]), "b": jnp.array([0.1, -0.2])}
-
-
-def _grads(t):
-    return jax.tree.map(lambda p: jnp.sin(p * 3.0 + t) + 0.1 * t, PARAMS)
 
 
 FACTORIES = {
@@ -36,7 +33,7 @@ def _run(tx, grads_seq, params=PARAMS, jit=True):
 class CompositionTest(chex.TestCase):
     @parameterized.parameters(*FACTORIES)
     def test_chain_with_clip_by_global_norm(self, name):
-        grads = [_grads(t) for t in range(5)]
+        grads = [sin_grads(PARAMS, t) for t in range(5)]
         got, _ = _run(optax.chain(optax.clip_by_global_norm(0.5), FACTORIES[name]()), grads)
         clipped = [optax.tree.scale(jnp.minimum(1.0, 0.5 / optax.tree.norm(gs)), gs) for gs in grads]
         want, _ = _run(FACTORIES[name](), clipped)
@@ -44,7 +41,7 @@ class CompositionTest(chex.TestCase):
 
     @parameterized.parameters(*FACTORIES)
     def test_multi_steps_averages_then_steps(self, name):
-        micro = [_grads(t) for t in range(6)]
+        micro = [sin_grads(PARAMS, t) for t in range(6)]
         got, _ = _run(optax.MultiSteps(FACTORIES[name](), every_k_schedule=3), micro)
         means = [jax.tree.map(lambda *g: sum(g) / 3, *micro[i : i + 3]) for i in (0, 3)]
         want, _ = _run(FACTORIES[name](), means)
@@ -55,11 +52,12 @@ class CompositionTest(chex.TestCase):
         mask = {"w": True, "b": False}
         tx = optax.masked(FACTORIES[name](), mask)
         state = tx.init(PARAMS)
-        updates, _ = jax.jit(tx.update)(_grads(1), state, PARAMS)
+        updates, _ = jax.jit(tx.update)(sin_grads(PARAMS, 1), state, PARAMS)
         # Unmasked leaves pass through untouched; masked ones get the optimizer's update.
-        chex.assert_trees_all_equal(updates["b"], _grads(1)["b"])
+        chex.assert_trees_all_equal(updates["b"], sin_grads(PARAMS, 1)["b"])
         inner = FACTORIES[name]()
-        inner_updates, _ = inner.update({"w": _grads(1)["w"]}, inner.init({"w": PARAMS["w"]}), {"w": PARAMS["w"]})
+        w = {"w": PARAMS["w"]}
+        inner_updates, _ = inner.update({"w": sin_grads(PARAMS, 1)["w"]}, inner.init(w), w)
         chex.assert_trees_all_close(updates["w"], inner_updates["w"], rtol=1e-6)
 
     @chex.variants(with_jit=True, without_jit=True)
@@ -72,7 +70,7 @@ class CompositionTest(chex.TestCase):
     )
     def test_inject_hyperparams_every_numeric_argument(self, factory, kwargs):
         """Every numeric hyperparameter can be injected and gives the same numbers."""
-        grads = [_grads(t) for t in range(4)]
+        grads = [sin_grads(PARAMS, t) for t in range(4)]
         want, _ = _run(factory(**kwargs), grads, jit=False)
         tx = optax.inject_hyperparams(factory)(**kwargs)
         state = tx.init(PARAMS)
@@ -87,9 +85,9 @@ class CompositionTest(chex.TestCase):
     def test_inject_hyperparams_learning_rate_can_change(self):
         tx = optax.inject_hyperparams(optkit.adam)(learning_rate=0.1)
         state = tx.init(PARAMS)
-        updates, state = tx.update(_grads(0), state, PARAMS)
+        updates, state = tx.update(sin_grads(PARAMS, 0), state, PARAMS)
         state.hyperparams["learning_rate"] = jnp.asarray(0.0)
-        updates, state = jax.jit(tx.update)(_grads(1), state, PARAMS)
+        updates, state = jax.jit(tx.update)(sin_grads(PARAMS, 1), state, PARAMS)
         chex.assert_trees_all_equal(updates, jax.tree.map(jnp.zeros_like, updates))
 
     def test_inject_hyperparams_without_params_names_the_argument(self):
@@ -99,10 +97,10 @@ class CompositionTest(chex.TestCase):
         state = tx.init(PARAMS)
         for update in (jax.jit(tx.update), tx.update):
             with pytest.raises(ValueError, match="params=None, but norm_coefficient"):
-                update(_grads(0), state)
+                update(sin_grads(PARAMS, 0), state)
         tx = optax.inject_hyperparams(optkit.adagrad, static_args=("norm_coefficient",))(
             learning_rate=0.1, norm_coefficient=0.0)
-        updates, _ = jax.jit(tx.update)(_grads(0), tx.init(PARAMS))
+        updates, _ = jax.jit(tx.update)(sin_grads(PARAMS, 0), tx.init(PARAMS))
         assert np.all(np.isfinite(updates["w"]))
 
     @parameterized.parameters(optkit.adagrad, optkit.adam, optkit.momentum)
@@ -112,9 +110,9 @@ class CompositionTest(chex.TestCase):
         tx = optax.inject_hyperparams(factory)(learning_rate=0.1)
         state = tx.init(PARAMS)
         assert not any(k.startswith("norm_coefficient") for k in state.hyperparams)
-        updates, _ = jax.jit(tx.update)(_grads(0), state)
+        updates, _ = jax.jit(tx.update)(sin_grads(PARAMS, 0), state)
         plain = factory(0.1)
-        want, _ = plain.update(_grads(0), plain.init(PARAMS))
+        want, _ = plain.update(sin_grads(PARAMS, 0), plain.init(PARAMS))
         chex.assert_trees_all_close(updates, want, rtol=1e-6)
 
     def test_flax_nnx_optimizer_step(self):

@@ -9,6 +9,7 @@ import pytest
 from absl.testing import parameterized
 
 import optkit
+from tests.helpers import sin_grads
 
 
 def _tree(dtype=jnp.float32):
@@ -22,12 +23,6 @@ def _tree(dtype=jnp.float32):
         # odd sizes put leaves at every alignment in the buffer
         "odd": [jnp.asarray(rng.standard_normal(int(n)), dtype) for n in rng.integers(1, 40, 8)],
     }
-
-
-def _grads(tree, t):
-    return jax.tree.map(
-        lambda p: (jnp.sin(p.astype(jnp.float32) * 3.0 + t) + 0.1 * t).astype(p.dtype), tree
-    )
 
 
 class LayoutTest(chex.TestCase):
@@ -129,7 +124,7 @@ def _run(tx, params, steps, jit, flat):
     step = jax.jit(step) if jit else step
     for t in range(steps):
         tree = params.to_tree() if flat else params
-        grads = _grads(tree, t)
+        grads = sin_grads(tree, t)
         params, state = step(params, state, layout.pack(grads) if flat else grads)
     return (params.to_tree() if flat else params), state
 

@@ -19,19 +19,9 @@ from hypothesis import strategies as st
 
 import optkit
 from optkit._src import gradient as gradient_module
+from tests.helpers import rng_arrays, x64  # noqa: F401 (x64: float64 for every test here)
 
 TRANSFORMS = [pytest.param(jax.jit, id="jit"), pytest.param(lambda f: f, id="nojit")]
-
-
-@pytest.fixture(autouse=True)
-def _x64():
-    with jax.enable_x64(True):
-        yield
-
-
-def rng_arrays(seed, *shapes):
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal(shape) for shape in shapes]
 
 
 # ------------------------------------------------------------ optkit.gradient
@@ -45,7 +35,7 @@ def mlp(W1, W2, X, L):
 
 @pytest.mark.parametrize("transform", TRANSFORMS)
 def test_gradient_matches_hand_written_jax_grad(transform):
-    W1, W2, X, L = rng_arrays(0, (3, 4), (4, 2), (5, 3), (5, 2))
+    W1, W2, X, L = rng_arrays(0, (3, 4), (4, 2), (5, 3), (5, 2), dtype=np.float64)
     grad_fn = transform(optkit.gradient(mlp, xs=["W1", "W2"], zs=["X", "L"], y="O"))
     dW1, dW2 = grad_fn(W1, W2, X, L)
     expected = jax.grad(lambda a, b: mlp(a, b, X, L)["O"], argnums=(0, 1))(W1, W2)
@@ -57,7 +47,7 @@ def test_gradient_matches_hand_written_jax_grad(transform):
 
 @pytest.mark.parametrize("transform", TRANSFORMS)
 def test_gradient_of_non_scalar_y_is_gradient_of_its_sum(transform):
-    W1, W2, X, L = rng_arrays(1, (3, 4), (4, 2), (5, 3), (5, 2))
+    W1, W2, X, L = rng_arrays(1, (3, 4), (4, 2), (5, 3), (5, 2), dtype=np.float64)
     (dH,) = transform(optkit.gradient(mlp, ["W1"], ["W2", "X", "L"], y="H"))(W1, W2, X, L)
     # d sum(tanh(X W1)) / dW1 = X^T (1 - tanh^2(X W1)), in NumPy.
     np.testing.assert_allclose(dH, X.T @ (1 - np.tanh(X @ W1) ** 2), rtol=1e-12)
@@ -69,7 +59,7 @@ def test_gradient_of_function_returning_y_itself_with_integer_zs(transform):
         logp = jax.nn.log_softmax(logits)
         return -jnp.sum(jnp.take_along_axis(logp, labels[:, None], axis=1))
 
-    (logits,) = rng_arrays(2, (4, 3))
+    (logits,) = rng_arrays(2, (4, 3), dtype=np.float64)
     labels = np.array([0, 2, 1, 2], dtype=np.int32)
     (d,) = transform(optkit.gradient(cross_entropy, ["logits"], ["labels"]))(logits, labels)
     softmax = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
@@ -93,7 +83,7 @@ def test_gradient_of_pytree_x():
 
 def test_second_derivative_of_least_squares_is_2_XtX_1():
     # O = sum((X W - L)^2): dO/dW = 2 X^T (X W - L), d/dW sum(dO/dW) = 2 X^T X 1 1^T.
-    X, W, L = rng_arrays(3, (5, 3), (3, 2), (5, 2))
+    X, W, L = rng_arrays(3, (5, 3), (3, 2), (5, 2), dtype=np.float64)
 
     def loss(X, W, L):
         return jnp.sum((X @ W - L) ** 2)
@@ -201,7 +191,7 @@ def conv_gemm_graph():
 
 
 def conv_gemm_values():
-    X, W, Z = rng_arrays(4, (1, 1, 4, 4), (1, 1, 2, 2), (9, 2))
+    X, W, Z = rng_arrays(4, (1, 1, 4, 4), (1, 1, 2, 2), (9, 2), dtype=np.float64)
     return X, W, Z
 
 
@@ -239,7 +229,7 @@ def test_seed_figure_2_gradient_at_intermediate_H_and_at_fed_H_1(transform):
     g.add_gradient(xs=["H", "Z"], y="Y", inputs=["H_1", "Z_1"],
                    outputs=["dY/dH at H_1", "dY/dZ at H_1"])
     X, W, Z = conv_gemm_values()
-    H_1, Z_1 = rng_arrays(5, (1, 1, 3, 3), (9, 2))
+    H_1, Z_1 = rng_arrays(5, (1, 1, 3, 3), (9, 2), dtype=np.float64)
     f = transform(g.as_function(["X", "W", "Z", "H_1", "Z_1"],
                                 ["dY/dH", "dY/dZ", "dY/dH at H_1", "dY/dZ at H_1"]))
     dH, dZ, dH_1, dZ_1 = f(X, W, Z, H_1, Z_1)
@@ -261,7 +251,7 @@ def test_gradient_at_a_fed_point_of_a_nonlinear_sub_graph(transform):
     g.add(lambda h, z: jnp.tanh(gemm(h, z)), ["H", "Z"], ["Y"])
     g.add_gradient(xs=["H"], zs=["Z"], y="Y", inputs=["H_1", "Z"], outputs=["dY/dH"])
     X, W, Z = conv_gemm_values()
-    (H_1,) = rng_arrays(6, (1, 1, 3, 3))
+    (H_1,) = rng_arrays(6, (1, 1, 3, 3), dtype=np.float64)
     dH = transform(g.as_function(["X", "W", "Z", "H_1"], "dY/dH"))(X, W, Z, H_1)
     s = 1 - np.tanh(H_1.reshape(1, 9) @ Z) ** 2
     np.testing.assert_allclose(dH, (s @ Z.T).reshape(1, 1, 3, 3), rtol=1e-12)
@@ -280,7 +270,7 @@ def least_squares_graph():
 @pytest.mark.parametrize("transform", TRANSFORMS)
 def test_seed_figure_3_second_derivative_through_nested_gradient_nodes(transform):
     g = least_squares_graph()
-    X, W, L = rng_arrays(7, (5, 3), (3, 2), (5, 2))
+    X, W, L = rng_arrays(7, (5, 3), (3, 2), (5, 2), dtype=np.float64)
     names = ["O", "dO/dX", "dO/dW", "d(dO/dW)/dX", "d2O/dW2"]
     O, dX, dW, d2X, d2W = transform(g.as_function(["X", "W", "L"], names))(X, W, L)
     R = X @ W - L
@@ -335,7 +325,7 @@ def test_hessian_vector_product_with_gradient_nodes(transform):
     g.add_input("V")
     g.add(jnp.vdot, ["dO/dW", "V"], ["<dO/dW, V>"])
     g.add_gradient(xs=["W"], zs=["X", "L", "V"], y="<dO/dW, V>", outputs=["Hv"])
-    X, W, L, V = rng_arrays(8, (5, 3), (3, 2), (5, 2), (3, 2))
+    X, W, L, V = rng_arrays(8, (5, 3), (3, 2), (5, 2), (3, 2), dtype=np.float64)
     Hv = transform(g.as_function(["X", "W", "L", "V"], "Hv"))(X, W, L, V)
     np.testing.assert_allclose(Hv, 2 * X.T @ X @ V, rtol=1e-12)
 
@@ -343,7 +333,7 @@ def test_hessian_vector_product_with_gradient_nodes(transform):
 def test_gradient_node_outputs_named_empty_are_not_produced():
     g = least_squares_graph()
     g.add_gradient(xs=["X", "W"], zs=["L"], y="O", outputs=["", "only dW"])
-    X, W, L = rng_arrays(9, (5, 3), (3, 2), (5, 2))
+    X, W, L = rng_arrays(9, (5, 3), (3, 2), (5, 2), dtype=np.float64)
     out = g.evaluate({"X": X, "W": W, "L": L}, ["only dW"])
     np.testing.assert_allclose(out["only dW"], 2 * X.T @ (X @ W - L), rtol=1e-12)
     assert "" not in g.outputs

@@ -20,13 +20,9 @@ import pytest
 
 import optkit
 from optkit._src import graph as graph_module
+from tests.helpers import rng_arrays
 
 TRANSFORMS = [pytest.param(jax.jit, id="jit"), pytest.param(lambda f: f, id="nojit")]
-
-
-def rng_arrays(seed, *shapes, dtype=np.float32):
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal(shape).astype(dtype) for shape in shapes]
 
 
 def mlp_loss(W1, b1, W2, b2, X, L):

@@ -21,6 +21,7 @@ import optax
 import pytest
 
 import optkit
+from tests.helpers import random_grads
 
 OPTIMIZERS = {
     "adagrad": lambda: optkit.adagrad(0.1),
@@ -37,9 +38,9 @@ def _params(dtype=jnp.float32):
     return {"m": jnp.linspace(0.5, 1.5, 6, dtype=dtype).reshape(2, 3), "v": jnp.linspace(-1.0, 1.0, 3, dtype=dtype)}
 
 
-def _grads(seed, dtype=jnp.float32):
-    rng = np.random.default_rng(seed)
-    return {k: jnp.asarray(rng.standard_normal(v.shape), dtype) for k, v in _params().items()}
+def _g(seed):
+    """Float32 gradients for :func:`_params`."""
+    return random_grads(_params(), seed, jnp.float32)
 
 
 def _poison(grads, value, leaf="m"):
@@ -71,8 +72,8 @@ def _finite(tree):
 @pytest.mark.parametrize("name", ["adagrad", "adam", "momentum"])
 def test_elementwise_optimizers_affect_only_the_bad_coordinate(name, bad):
     tx = OPTIMIZERS[name]()
-    clean = _steps(tx, [_grads(0), _grads(1)], jax.jit)
-    dirty = _steps(tx, [_poison(_grads(0), bad), _grads(1)], jax.jit)
+    clean = _steps(tx, [_g(0), _g(1)], jax.jit)
+    dirty = _steps(tx, [_poison(_g(0), bad), _g(1)], jax.jit)
     for step in range(2):
         u_clean, u_dirty = clean[step][0], dirty[step][0]
         # every other coordinate (and the other tensor) is exactly the clean run's
@@ -96,15 +97,15 @@ def test_elementwise_optimizers_affect_only_the_bad_coordinate(name, bad):
 @pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["nan", "inf"])
 def test_adafactor_bad_element_makes_its_whole_tensor_nan(bad):
     tx = OPTIMIZERS["adafactor"]()
-    clean = _steps(tx, [_grads(0), _grads(1)], jax.jit)
-    dirty = _steps(tx, [_poison(_grads(0), bad), _grads(1)], jax.jit)
+    clean = _steps(tx, [_g(0), _g(1)], jax.jit)
+    dirty = _steps(tx, [_poison(_g(0), bad), _g(1)], jax.jit)
     assert np.all(np.isnan(np.asarray(dirty[0][0]["m"])))  # row/column statistics and RMS(U) are shared
     np.testing.assert_array_equal(np.asarray(dirty[0][0]["v"]), np.asarray(clean[0][0]["v"]))  # other leaves
     # the factored statistics stay non-finite: the tensor's later updates are NaN too
     assert np.all(np.isnan(np.asarray(dirty[1][0]["m"])))
     # an unfactored tensor too (RMS(U) is over the whole tensor); the tensor's parameters are
     # NaN after that step, and RMS(X) keeps every later update of the tensor NaN
-    dirty_vector = _steps(tx, [_poison(_grads(0), bad, "v"), _grads(1)], jax.jit)
+    dirty_vector = _steps(tx, [_poison(_g(0), bad, "v"), _g(1)], jax.jit)
     assert np.all(np.isnan(np.asarray(dirty_vector[0][0]["v"])))
     assert np.all(np.isnan(np.asarray(dirty_vector[1][0]["v"])))
     np.testing.assert_array_equal(np.asarray(dirty_vector[1][0]["m"]), np.asarray(clean[1][0]["m"]))
@@ -121,7 +122,7 @@ def test_adafactor_bad_element_makes_its_whole_tensor_nan(bad):
 def test_apply_if_finite_skips_the_step_and_keeps_params_and_state(name, bad, transform):
     dtype = jnp.bfloat16 if "bf16" in name else jnp.float32
     params = _params(dtype)
-    grads = [_grads(i, dtype) for i in range(4)]
+    grads = [random_grads(_params(), i, dtype) for i in range(4)]
     bad_grads = _poison(grads[2], bad, leaf="v")
     guarded = optax.apply_if_finite(OPTIMIZERS[name](), max_consecutive_errors=3)
     history = _steps(guarded, grads[:2] + [bad_grads] + grads[2:], transform, params)
@@ -145,5 +146,5 @@ def test_apply_if_finite_skips_the_step_and_keeps_params_and_state(name, bad, tr
 
 def test_apply_if_finite_without_the_guard_the_state_is_poisoned():
     """The reason for the guard: unguarded, one NaN gradient leaves NaN in Adam's state."""
-    history = _steps(optkit.adam(0.1), [_poison(_grads(0), np.nan), _grads(1)], jax.jit)
+    history = _steps(optkit.adam(0.1), [_poison(_g(0), np.nan), _g(1)], jax.jit)
     assert not _finite(history[-1][2][0].mu).all() and not _finite(history[-1][1]).all()

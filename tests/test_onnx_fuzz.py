@@ -11,6 +11,8 @@ declared shapes, nodes whose output would be huge, unknown domains, text that is
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -22,18 +24,14 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
 from optkit.onnx import UnsupportedOpError  # noqa: E402
+from tests.helpers import onnx_info as _info  # noqa: E402
+from tests.helpers import onnx_model  # noqa: E402
 
 TRAINING = "ai.onnx.preview.training"
 DOCUMENTED = (ValueError, TypeError, UnsupportedOpError)
 
 
-def _info(name, elem_type, shape):
-    return helper.make_tensor_value_info(name, elem_type, shape)
-
-
-def _model(nodes, inputs, outputs, initializers=(), opsets=(("", 17), (TRAINING, 1)), **kwargs):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets], **kwargs)
+_model = functools.partial(onnx_model, opsets=(("", 17), (TRAINING, 1)))
 
 
 def training_model():

@@ -19,12 +19,9 @@ from onnx import TensorProto, helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
 from optkit.onnx._ops import TABLE, _registry, _values  # noqa: E402
+from tests.helpers import onnx_info as _info  # noqa: E402
 
 JIT = [pytest.param(True, id="jit"), pytest.param(False, id="nojit")]
-
-
-def _info(name, dtype, shape):
-    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape)
 
 
 def _node_model(op, feeds, attrs=None, opset=17, n_outputs=1, initializers=()):

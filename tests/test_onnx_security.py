@@ -48,6 +48,8 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
 from optkit.onnx import UnsupportedOpError  # noqa: E402
+from tests.helpers import onnx_info as _info  # noqa: E402
+from tests.helpers import onnx_model as _model  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINING = "ai.onnx.preview.training"
@@ -65,17 +67,8 @@ def _in_child(code: str, timeout: float = 300) -> str:
     return result.stdout
 
 
-def _info(name, elem_type, shape):
-    return helper.make_tensor_value_info(name, elem_type, shape)
-
-
 def _float(name, shape):
     return _info(name, TensorProto.FLOAT, shape)
-
-
-def _model(nodes, inputs, outputs, initializers=(), opsets=(("", 17),), **kwargs):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets], **kwargs)
 
 
 def _external(tensor: TensorProto, location: str, offset: int | None = None, length: int | None = None):

@@ -24,21 +24,17 @@ from onnx import helper  # noqa: E402
 
 import optkit  # noqa: E402
 import optkit.onnx  # noqa: E402
-from optkit.onnx._ops import TABLE, _registry, _values  # noqa: E402
+from optkit.onnx._ops import TABLE, _registry  # noqa: E402
+from tests.helpers import onnx_info as _info  # noqa: E402
+from tests.helpers import onnx_model  # noqa: E402
 
 TRAINING = "ai.onnx.preview.training"
 JIT = [pytest.param(True, id="jit"), pytest.param(False, id="nojit")]
 SHAPES = [(3,), (2, 2), ()]
 
 
-def _info(name, dtype, shape):
-    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape)
-
-
 def _model(nodes, inputs, outputs, opset=17, initializers=()):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
-                                                   helper.make_opsetid(TRAINING, 1)])
+    return onnx_model(nodes, inputs, outputs, initializers, opsets=(("", opset), (TRAINING, 1)))
 
 
 # ---------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (the audit table keeps one bad input per line)
-"""Validation audit (issue 7, point 1): every public function, its bad inputs, the error each gets.
+"""Validation audit: every public function, its bad inputs, the error each gets (the one table of them).
 
 ``TABLE`` is the audit: one row per bad input, with the public function it is
 given to, the exception type and words the message must contain. Update-time
@@ -36,6 +36,8 @@ import onnx  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
+from tests.helpers import onnx_info as _info  # noqa: E402
+from tests.helpers import onnx_model  # noqa: E402
 
 P = {"w": jnp.ones((2, 3)), "b": jnp.ones(3)}
 B = jnp.ones(3)
@@ -78,13 +80,8 @@ def _init(name, params):
     return lambda: ALIASES[name]().init(params)
 
 
-def _info(name, elem_type, shape):
-    return helper.make_tensor_value_info(name, elem_type, shape)
-
-
 def _model(nodes, inputs, outputs, opsets=(("", 17),), initializers=()):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+    return onnx_model(nodes, inputs, outputs, initializers, opsets)
 
 
 def _relu(shape=(3,), elem_type=TensorProto.FLOAT):
