@@ -5,6 +5,8 @@
   a private module never breaks it);
 - ``_generated/supported_ops.md``: the ONNX operator table, from
   ``optkit.onnx.supported_ops()``;
+- ``_generated/architecture.svg``: the picture of the layers, from the package's
+  imports (``_ext/architecture.py``);
 - ``_generated/spec_<n>.md``: each section of ``optkit/SPEC.md`` (the file that
   ships in the package), without its heading, for the optimizer pages.
 """
@@ -15,6 +17,8 @@ import inspect
 import os
 import re
 from collections import defaultdict
+
+import architecture
 
 import optkit
 import optkit.onnx
@@ -76,6 +80,7 @@ def _spec_sections() -> dict[str, str]:
 
 def generate(app=None) -> None:
     os.makedirs(GENERATED, exist_ok=True)
+    architecture.draw(os.path.dirname(HERE), os.path.join(GENERATED, "architecture.svg"))
     files = {"api.md": _api(), "supported_ops.md": _supported_ops()}
     files.update({f"spec_{key}.md": body for key, body in _spec_sections().items()})
     for name, body in files.items():

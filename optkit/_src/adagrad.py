@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -59,9 +60,9 @@ class OnnxAdagradOutputs(NamedTuple):
 def onnx_adagrad(
     R: ArrayLike,
     T: ArrayLike,
-    X: Any,
-    G: Any,
-    H: Any,
+    X: chex.ArrayTree,
+    G: chex.ArrayTree,
+    H: chex.ArrayTree,
     *,
     decay_factor: float = 0.0,
     epsilon: float = 1e-6,

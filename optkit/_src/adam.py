@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -93,10 +94,10 @@ class OnnxAdamOutputs(NamedTuple):
 
 
 def dml_adam(
-    X: Any,
-    M: Any,
-    V: Any,
-    G: Any,
+    X: chex.ArrayTree,
+    M: chex.ArrayTree,
+    V: chex.ArrayTree,
+    G: chex.ArrayTree,
     T: ArrayLike,
     *,
     learning_rate: float,
@@ -157,10 +158,10 @@ def dml_adam(
 def onnx_adam(
     R: ArrayLike,
     T: ArrayLike,
-    X: Any,
-    G: Any,
-    V: Any,
-    H: Any,
+    X: chex.ArrayTree,
+    G: chex.ArrayTree,
+    V: chex.ArrayTree,
+    H: chex.ArrayTree,
     *,
     alpha: float = 0.9,
     beta: float = 0.999,

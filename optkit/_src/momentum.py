@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -59,9 +60,9 @@ class OnnxMomentumOutputs(NamedTuple):
 def onnx_momentum(
     R: ArrayLike,
     T: ArrayLike,
-    X: Any,
-    G: Any,
-    V: Any,
+    X: chex.ArrayTree,
+    G: chex.ArrayTree,
+    V: chex.ArrayTree,
     *,
     alpha: float,
     beta: float,

@@ -68,7 +68,7 @@ def _available_bytes(device: Any) -> int | None:
     return max(min(candidates), 0)
 
 
-def default_max_tensor_bytes(device: Any = None) -> int:
+def default_max_tensor_bytes(device: jax.Device | None = None) -> int:
     """The default limit on one tensor's bytes: half the memory available on ``device`` now.
 
     Half the free memory of an accelerator (``device.memory_stats()``), or of

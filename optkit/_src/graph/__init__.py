@@ -26,6 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import chex
+from jax.typing import DTypeLike
+
 from optkit._src.gradient import check_names
 from optkit._src.graph.analysis import GraphAnalysis
 from optkit._src.graph.names import Tensors
@@ -87,7 +90,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         inputs: Sequence[str] | Mapping[str, Any] = (),
         *,
         outputs: Sequence[str] | None = None,
-        initializers: Mapping[str, Any] | None = None,
+        initializers: Mapping[str, chex.ArrayTree] | None = None,
     ) -> None:
         self._tensors = Tensors()
         self._outputs: tuple[str, ...] | None = None
@@ -109,7 +112,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         return self._runner
 
     def add_input(
-        self, name: str, shape: Sequence[int | None] | None = None, dtype: Any = None
+        self, name: str, shape: Sequence[int | None] | None = None, dtype: DTypeLike | None = None
     ) -> None:
         """Declare a graph input, optionally with its shape and dtype.
 
@@ -128,7 +131,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         self._tensors.add_input(name, shape, dtype)
         self._changed()
 
-    def add_initializer(self, name: str, value: Any) -> None:
+    def add_initializer(self, name: str, value: chex.ArrayTree) -> None:
         """Add a constant tensor (an ONNX initializer).
 
         If ``name`` is also a graph input, ``value`` is that input's default,
@@ -300,7 +303,8 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         return names, single, runner
 
     def evaluate(
-        self, feeds: Mapping[str, Any], outputs: str | Sequence[str] | None = None, *, check_feeds: bool = True
+        self, feeds: Mapping[str, chex.ArrayTree], outputs: str | Sequence[str] | None = None, *,
+        check_feeds: bool = True
     ) -> Any:
         """Evaluate the graph on ``feeds``; jittable (pure JAX).
 

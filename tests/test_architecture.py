@@ -1,0 +1,42 @@
+"""The layering of docs/architecture.md, read from the package's imports: nothing imports upward."""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "docs", "_ext"))
+
+import architecture  # noqa: E402
+
+EDGES, MEMBERS = architecture.import_graph(ROOT)
+ALGORITHMS = {f"optkit/_src/{m}" for m in ("adagrad", "adam", "momentum", "adafactor", "gradient", "graph")}
+
+
+def test_no_import_cycle_between_modules():
+    rows = architecture.layers(EDGES)  # raises on a cycle, naming it
+    assert rows["optkit/_src/numerics"] == 0 and rows["optkit"] > rows["optkit/_src/adafactor"]
+
+
+def test_foundations_import_only_below_them():
+    assert EDGES["optkit/_src/numerics"] == set()
+    assert EDGES["optkit/_src/hyperparams"] <= {"optkit/_src/numerics"}
+    assert EDGES["optkit/_src/trees"] <= {"optkit/_src/numerics"}
+
+
+def test_no_algorithm_imports_another():
+    for unit in ALGORITHMS:
+        others = EDGES[unit] & (ALGORITHMS - {unit}) - ({"optkit/_src/gradient"} if unit.endswith("graph") else set())
+        assert not others, f"{unit} imports {others}"
+
+
+def test_optimizers_never_import_the_onnx_backend_and_operators_no_onnx_stage():
+    for unit, targets in EDGES.items():
+        if unit.startswith("optkit/_src") or unit in ("optkit", "optkit/ops"):
+            assert not any(t.startswith("optkit/onnx") for t in targets), (unit, targets)
+    stages = {"optkit/onnx/_files", "optkit/onnx/_convert", "optkit/onnx/_backend", "optkit/onnx/_limits"}
+    assert not EDGES["optkit/onnx/_ops"] & stages
+
+
+def test_the_adafactor_and_graph_packages_are_split_by_concern():
+    assert set(MEMBERS["optkit/_src/adafactor"]) >= {"paper", "fast", "factoring", "state", "reading", "transform"}
+    assert set(MEMBERS["optkit/onnx/_ops"]) >= {"elementwise", "nn", "shape", "reduce", "loss", "training"}
