@@ -116,7 +116,7 @@ class CompositionTest(chex.TestCase):
         chex.assert_trees_all_close(updates, want, rtol=1e-6)
 
     def test_flax_nnx_optimizer_step(self):
-        from flax import nnx
+        nnx = pytest.importorskip("flax.nnx")
 
         model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
         x, y = jnp.ones((4, 3)), jnp.zeros((4, 2))

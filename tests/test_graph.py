@@ -12,7 +12,6 @@ import functools
 import re
 
 import chex
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -159,6 +158,7 @@ def test_as_function_defaults_and_declared_outputs():
 
 
 def test_flax_module_apply_is_a_node_and_its_params_a_differentiable_tensor():
+    nn = pytest.importorskip("flax.linen")  # the examples extra
     model = nn.Sequential([nn.Dense(4), nn.tanh, nn.Dense(1)])
     X, L = rng_arrays(2, (6, 3), (6, 1))
     variables = model.init(jax.random.key(0), X)
