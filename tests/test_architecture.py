@@ -33,7 +33,7 @@ def test_optimizers_never_import_the_onnx_backend_and_operators_no_onnx_stage():
     for unit, targets in EDGES.items():
         if unit.startswith("optkit/_src") or unit in ("optkit", "optkit/ops"):
             assert not any(t.startswith("optkit/onnx") for t in targets), (unit, targets)
-    stages = {"optkit/onnx/_files", "optkit/onnx/_convert", "optkit/onnx/_backend", "optkit/onnx/_limits"}
+    stages = {"optkit/onnx/_files", "optkit/onnx/_convert", "optkit/onnx/_backend"}
     assert not EDGES["optkit/onnx/_ops"] & stages
 
 

@@ -155,7 +155,7 @@ def test_cycles_are_refused():
 
 @pytest.mark.parametrize("where", ["input", "output", "value_info"])
 def test_huge_declared_shapes_are_refused_at_load(where):
-    huge = [10**12]
+    huge = [10**6, 10**6]
     inputs = [_float("x", huge if where == "input" else ["N"])]
     outputs = [_float("y", huge if where == "output" else ["N"])]
     model = _model([helper.make_node("Relu", ["x"], ["y"])], inputs, outputs)
@@ -210,7 +210,7 @@ def test_the_limit_is_max_tensor_bytes():
 def test_unknown_domains():
     node = helper.make_node("Foo", ["x"], ["y"], domain="com.example")
     not_imported = _model([node], [_float("x", [3])], [_float("y", [3])])
-    with pytest.raises(ValueError, match="No opset import for domain 'com.example'"):
+    with pytest.raises(ValueError, match="the model does not import the domain 'com.example'"):
         optkit.onnx.prepare(not_imported)
     imported = _model([node], [_float("x", [3])], [_float("y", [3])],
                       opsets=(("", 17), ("com.example", 1)))

@@ -23,8 +23,8 @@ from onnx import helper
 
 from optkit import Graph
 from optkit._src.graph.names import check_feed
-from optkit.onnx._convert import Converted, InputInfo, convert
-from optkit.onnx._files import ModelSource, load_model
+from optkit.onnx._convert import Converted, InputInfo, check_operators, convert
+from optkit.onnx._files import ModelSource, read_model
 from optkit.onnx._limits import Limits
 from optkit.onnx._ops._values import TRAINING_DOMAIN, normalize_domain
 
@@ -83,6 +83,8 @@ class BackendRep(onnx.backend.base.BackendRep):
         in bytes; default: half the memory available on ``device`` at load
         (:func:`optkit.onnx.default_max_tensor_bytes`).
       max_gradient_depth: how deep Gradient nodes may nest, 1 to 16 (default 8).
+      max_gradient_passes: the reverse passes the Gradient nodes may need in
+        all (default 4096; README "Loading ONNX files from strangers").
 
     Attributes:
       model: the checked ``onnx.ModelProto``.
@@ -114,10 +116,11 @@ class BackendRep(onnx.backend.base.BackendRep):
         base_dir: str | os.PathLike[str] | None = None,
         max_tensor_bytes: int | None = None,
         max_gradient_depth: int | None = None,
+        max_gradient_passes: int | None = None,
     ) -> None:
         self.device: Any = _device(device)  # a jax.Device
-        self.limits: Limits = Limits.make(max_tensor_bytes, max_gradient_depth, self.device)
-        self.model: onnx.ModelProto = load_model(model, base_dir=base_dir)
+        self.limits: Limits = Limits.make(max_tensor_bytes, max_gradient_depth, self.device, max_gradient_passes)
+        self.model: onnx.ModelProto = read_model(model, base_dir, self.limits, before_check=check_operators)
         self._default_device = self.device == jax.devices()[0]
         self._jit = bool(jit)
         converted: Converted = convert(self.model, self.limits)
@@ -290,7 +293,7 @@ class Backend(onnx.backend.base.Backend):
     @classmethod
     def prepare(cls, model: ModelSource, device: str = "CPU", **kwargs: Any) -> BackendRep:
         """Load ``model`` for repeated runs; ``kwargs``: ``jit``, ``base_dir``, ``max_tensor_bytes``,
-        ``max_gradient_depth`` (see :class:`BackendRep`)."""
+        ``max_gradient_depth``, ``max_gradient_passes`` (see :class:`BackendRep`)."""
         return BackendRep(model, device, **kwargs)
 
     @classmethod
@@ -374,6 +377,7 @@ def prepare(
     base_dir: str | os.PathLike[str] | None = None,
     max_tensor_bytes: int | None = None,
     max_gradient_depth: int | None = None,
+    max_gradient_passes: int | None = None,
 ) -> BackendRep:
     """Load an ONNX model for repeated runs (``Backend.prepare``).
 
@@ -387,6 +391,8 @@ def prepare(
       max_tensor_bytes: the largest tensor the graph may declare or compute,
         in bytes; default half the memory available on ``device`` now.
       max_gradient_depth: how deep Gradient nodes may nest, 1 to 16 (default 8).
+      max_gradient_passes: the reverse passes the Gradient nodes may need in
+        all (default 4096).
 
     Returns:
       A :class:`BackendRep`; call its ``run(inputs)``.
@@ -413,7 +419,7 @@ def prepare(
       array([1., 1.], dtype=float32)
     """
     return Backend.prepare(model, device, jit=jit, base_dir=base_dir, max_tensor_bytes=max_tensor_bytes,
-                           max_gradient_depth=max_gradient_depth)
+                           max_gradient_depth=max_gradient_depth, max_gradient_passes=max_gradient_passes)
 
 
 def run_model(model: ModelSource, inputs: Any, device: str = "CPU", *, jit: bool = True,
@@ -424,7 +430,8 @@ def run_model(model: ModelSource, inputs: Any, device: str = "CPU", *, jit: bool
       model: as :func:`prepare`.
       inputs: one value per graph input in ``graph.input`` order, or a dict by name.
       device, jit: as :func:`prepare`.
-      limits: ``base_dir``, ``max_tensor_bytes``, ``max_gradient_depth``, as :func:`prepare`.
+      limits: ``base_dir``, ``max_tensor_bytes``, ``max_gradient_depth``, ``max_gradient_passes``, as
+        :func:`prepare`.
 
     Returns:
       The outputs in ``graph.output`` order (a named tuple of NumPy arrays).

@@ -16,6 +16,7 @@ tensor-size limit when the graph is traced, before XLA runs it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -27,21 +28,21 @@ import onnx.defs
 import onnx.inliner
 
 from optkit import Graph
-from optkit._src.graph.analysis import walk_back
 from optkit._src.graph.names import shape_text
 from optkit.onnx._errors import UnsupportedOpError
-from optkit.onnx._files import ModelSource, load_model
+from optkit.onnx._files import ModelSource, read_model
 from optkit.onnx._limits import (
     GRADIENT_DEPTH_CEILING,
+    MAX_ANALYSIS_STEPS,
     MAX_EXPANDED_NODES,
     Limits,
-    check_declared_shape,
     check_size,
 )
 from optkit.onnx._ops import TABLE
 from optkit.onnx._ops._registry import GradientRequest, NodeContext, OpSpec, parse_attributes
 from optkit.onnx._ops._values import (
     DEFAULT_DOMAIN,
+    DTYPES,
     TRAINING_DOMAIN,
     domain_text,
     is_static,
@@ -50,7 +51,7 @@ from optkit.onnx._ops._values import (
     tensor_value,
 )
 
-__all__ = ["InputInfo", "Converted", "convert", "to_graph"]
+__all__ = ["InputInfo", "Converted", "convert", "check_operators", "to_graph"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +93,21 @@ class Converted:
     inputs: tuple[InputInfo, ...]
     outputs: tuple[str, ...]
     static_inputs: frozenset[str]
+
+
+def _check_declared_shape(value_info: onnx.ValueInfoProto, what: str, limit: int) -> None:
+    """A declared (graph output or value_info) tensor shape: no negative or oversized dimensions."""
+    if value_info.type.WhichOneof("value") != "tensor_type":
+        return
+    tensor = value_info.type.tensor_type
+    if not tensor.HasField("shape"):
+        return
+    fixed = [int(d.dim_value) for d in tensor.shape.dim if d.WhichOneof("value") == "dim_value"]
+    negative = [d for d in fixed if d < 0]
+    if negative:
+        raise ValueError(f"{what} {value_info.name!r} declares the negative dimension {negative[0]}")
+    dtype = DTYPES.get(tensor.elem_type)
+    check_size(tuple(fixed), dtype, f"{what} {value_info.name!r}", limit)
 
 
 def _input_info(value_info: onnx.ValueInfoProto, has_default: bool, limit: int) -> InputInfo:
@@ -156,13 +172,77 @@ def _check_outputs(out, ctx: NodeContext, limit: int) -> None:
                     f"{ctx.where}: output {name!r}", limit)
 
 
-def _check_function_expansion(model: onnx.ModelProto) -> None:
-    """Refuse a model whose functions, expanded, would exceed ``MAX_EXPANDED_NODES`` nodes.
+def _densify(sparse: onnx.SparseTensorProto) -> np.ndarray:
+    """A sparse initializer as its dense array (its dense size was bounded when the model was read).
 
-    onnx.checker refuses recursive functions; this bounds the expansion of
-    the rest, iteratively (functions in an order where callees come first).
+    Raises:
+      ValueError: indices that are not ``[NNZ]`` (linear) or ``[NNZ, rank]``
+        integers in range, or a count of values that does not match them.
     """
-    functions = {(normalize_domain(f.domain), f.name): f for f in model.functions}
+    name = sparse.values.name
+    what = f"sparse initializer {name!r}"
+    values = tensor_value(sparse.values, what)
+    indices = tensor_value(sparse.indices, f"{what} (indices)")
+    dims = tuple(int(d) for d in sparse.dims)
+    if values.ndim != 1 or not np.issubdtype(indices.dtype, np.integer):
+        raise ValueError(f"{what}: values must be 1-D and indices integers, got values of shape {values.shape} and "
+                         f"indices of {indices.dtype}")
+    if indices.ndim == 2 and indices.shape == (values.size, len(dims)):
+        if indices.size and (np.any(indices < 0) or np.any(indices >= np.asarray(dims))):
+            raise ValueError(f"{what}: an index is outside its dims {list(dims)}")
+        linear = np.ravel_multi_index(tuple(indices.T), dims) if indices.size else indices.reshape(-1)
+    elif indices.ndim == 1 and indices.size == values.size:
+        if indices.size and (indices.min() < 0 or indices.max() >= math.prod(dims)):
+            raise ValueError(f"{what}: a linear index is outside its {math.prod(dims)} elements")
+        linear = indices
+    else:
+        raise ValueError(f"{what}: {values.size} values need indices of shape [{values.size}] or "
+                         f"[{values.size}, {len(dims)}], got {list(indices.shape)}")
+    dense = np.zeros(math.prod(dims), values.dtype)
+    dense[linear] = values
+    dense = dense.reshape(dims)
+    dense.setflags(write=False)
+    return dense
+
+
+def _expand_functions(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its model-local functions expanded into the graph (as ONNX Runtime does), after checks.
+
+    - A local function whose name is a standard operator of its domain (a
+      ``Relu`` of the default domain) does not replace it: standard operators
+      win, as in ONNX Runtime, and such a function is dropped.
+    - Every call gives at most as many inputs and outputs as the function
+      declares.
+    - The expansion is counted first, callees before callers: the model may
+      grow to :data:`~optkit.onnx._limits.MAX_EXPANDED_NODES` nodes, or to the
+      number of nodes its file holds if that is more (a function calling
+      another twice, nested 30 deep, is 2**30 nodes).
+
+    Raises:
+      ValueError: a call with more inputs or outputs than its function
+        declares, or an expansion beyond the bound, naming the function.
+    """
+    functions = {}
+    for function in model.functions:
+        domain = normalize_domain(function.domain)
+        if onnx.defs.has(function.name, domain):
+            continue  # the standard operator wins
+        functions[(domain, function.name)] = function
+    bodies = [("the graph", model.graph.node)] + [(f"function {f.name!r}", f.node) for f in functions.values()]
+    for owner, nodes in bodies:
+        for index, node in enumerate(nodes):
+            function = functions.get((normalize_domain(node.domain), node.op_type))
+            if function is None:
+                continue
+            for kind, given, declared in (("inputs", node.input, function.input),
+                                          ("outputs", node.output, function.output)):
+                if len(given) > len(declared):
+                    raise ValueError(
+                        f"node {node.name or f'{node.op_type}#{index}'!r} of {owner} calls the model-local function "
+                        f"{node.op_type!r} with {len(given)} {kind}, but it declares {len(declared)}: "
+                        f"{list(declared)}")
+    written = len(model.graph.node) + sum(len(f.node) for f in model.functions)
+    bound = max(MAX_EXPANDED_NODES, written)
     size: dict[tuple[str, str], int] = {}
     pending = list(functions)
     while pending:
@@ -171,15 +251,21 @@ def _check_function_expansion(model: onnx.ModelProto) -> None:
             calls = [(normalize_domain(n.domain), n.op_type) for n in functions[key].node]
             if any(c in functions and c not in size for c in calls):
                 continue
-            size[key] = min(sum(size.get(c, 1) for c in calls), MAX_EXPANDED_NODES + 1)
+            size[key] = min(sum(size.get(c, 1) for c in calls), bound + 1)
             pending.remove(key)
             progressed = True
         if not progressed:
-            return  # a cycle: onnx.checker has refused it already
+            break  # a cycle: onnx.checker has refused it already
     total = sum(size.get((normalize_domain(n.domain), n.op_type), 1) for n in model.graph.node)
-    if total > MAX_EXPANDED_NODES:
-        raise ValueError(f"the model's local functions expand to more than {MAX_EXPANDED_NODES} nodes; "
-                         f"optkit.onnx refuses it rather than build such a graph")
+    if total > bound:
+        raise ValueError(f"the model's local functions expand it to more than {bound} nodes (optkit.onnx's bound: "
+                         f"{MAX_EXPANDED_NODES} nodes, or as many as the file holds); it is refused rather than "
+                         f"built")
+    kept = onnx.ModelProto()
+    kept.CopyFrom(model)
+    del kept.functions[:]
+    kept.functions.extend(functions.values())
+    return onnx.inliner.inline_local_functions(kept)
 
 
 def _newest_opsets() -> dict[str, int]:
@@ -192,14 +278,8 @@ def _newest_opsets() -> dict[str, int]:
     return newest
 
 
-def convert(model: onnx.ModelProto, limits: Limits | None = None) -> Converted:
-    """Map a checked ModelProto onto an :class:`optkit.Graph`; see :func:`to_graph`."""
-    limits = Limits.make() if limits is None else limits
-    if model.functions:
-        # Model-local functions are expanded into the graph, as ONNX Runtime does; first count
-        # what that makes (a function calling another twice, nested 30 deep, is 2**30 nodes).
-        _check_function_expansion(model)
-        model = onnx.inliner.inline_local_functions(model)
+def _opsets(model: onnx.ModelProto) -> dict[str, int]:
+    """The opset version the model imports for each domain; one ONNX does not define is refused."""
     opsets: dict[str, int] = {}
     newest = _newest_opsets()
     for opset in model.opset_import:
@@ -210,19 +290,46 @@ def convert(model: onnx.ModelProto, limits: Limits | None = None) -> Converted:
                 f"the model imports opset {opsets[domain]} of domain {domain_text(domain)!r}, which ONNX does "
                 f"not define (versions 1 to {newest[domain]} in the installed onnx package); optkit runs "
                 f"no operator under an opset it does not know")
-    g = model.graph
-    if g.sparse_initializer:
-        raise UnsupportedOpError(f"sparse initializers ({g.sparse_initializer[0].name!r}...) are "
-                                 f"not supported")
+    return opsets
 
+
+def check_operators(model: onnx.ModelProto) -> None:
+    """Refuse, naming every one in one error, the operators of ``model`` optkit does not run.
+
+    Runs before ``onnx.checker`` (whose full pass over a large model takes
+    seconds): the graph's nodes and the model-local functions' nodes, except
+    the calls of those functions.
+
+    Raises:
+      UnsupportedOpError: as :func:`_look_up`; an opset ONNX does not define.
+    """
+    bodies = [model.graph.node, *(f.node for f in model.functions)]
+    for node in (n for body in bodies for n in body):
+        if not all(isinstance(text, str) for text in (node.op_type, node.domain, node.name)):
+            raise ValueError(f"malformed model: a node's op type, domain or name is not valid UTF-8 "
+                             f"({node.op_type!r}, {node.domain!r}, {node.name!r})")
+    local = {(normalize_domain(f.domain), f.name) for f in model.functions}
+    nodes = [n for body in bodies for n in body if (normalize_domain(n.domain), n.op_type) not in local]
+    _look_up(nodes, _opsets(model))
+
+
+def convert(model: onnx.ModelProto, limits: Limits | None = None) -> Converted:
+    """Map a checked ModelProto onto an :class:`optkit.Graph`; see :func:`to_graph`."""
+    limits = Limits.make() if limits is None else limits
+    if model.functions:
+        model = _expand_functions(model)
+    opsets = _opsets(model)
+    g = model.graph
     initializers: dict[str, np.ndarray] = {}
     for tensor in g.initializer:
         initializers[tensor.name] = tensor_value(tensor, f"initializer {tensor.name!r}")
+    for sparse in g.sparse_initializer:
+        initializers[sparse.values.name] = _densify(sparse)
     infos = tuple(_input_info(vi, vi.name in initializers, limits.max_tensor_bytes) for vi in g.input)
     for vi in g.output:
-        check_declared_shape(vi, "graph output", limits.max_tensor_bytes)
+        _check_declared_shape(vi, "graph output", limits.max_tensor_bytes)
     for vi in g.value_info:
-        check_declared_shape(vi, "value_info", limits.max_tensor_bytes)
+        _check_declared_shape(vi, "value_info", limits.max_tensor_bytes)
 
     graph = Graph()
     for info in infos:
@@ -239,7 +346,8 @@ def convert(model: onnx.ModelProto, limits: Limits | None = None) -> Converted:
         domain = normalize_domain(node.domain)
         where = f"node {name!r} ({domain_text(domain)}::{node.op_type}-{spec.since_version}, opset {opsets[domain]})"
         ctx = NodeContext(node.op_type, domain, spec.since_version, opsets[domain], name,
-                          tuple(node.input), tuple(node.output), parse_attributes(node, schema, where))
+                          tuple(node.input), tuple(node.output), parse_attributes(node, schema, where),
+                          limits.max_tensor_bytes)
         built = spec.build(ctx)
         if isinstance(built, GradientRequest):
             try:
@@ -258,20 +366,32 @@ def convert(model: onnx.ModelProto, limits: Limits | None = None) -> Converted:
 
     outputs = tuple(vi.name for vi in g.output)
     graph.outputs = outputs
-    _check_gradient_depth(g.node, limits.max_gradient_depth)  # before validate, which recurses per level
+    _check_gradient_work(g.node, limits)  # before validate, which walks each level
     graph.validate()
     return Converted(graph, infos, outputs, _static_inputs(static_slots, specs, infos))
 
 
-def _check_gradient_depth(nodes, limit: int) -> None:
-    """Refuse Gradient nodes nested more than ``limit`` deep, naming the first such node.
+def _check_gradient_work(nodes, limits: Limits) -> None:
+    """Bound what the model's Gradient nodes ask for, at load time, naming the node that goes past a bound.
 
-    A Gradient node's depth is 1 + the depth of the deepest Gradient node in
-    its sub-graph (the graph from ``xs + zs`` to ``y``, cut at ``xs + zs``).
-    Nodes come in the graph's order (onnx.checker requires it topologically
-    sorted), so every inner Gradient node's depth is known before it is
-    needed; each walk is :func:`optkit._src.graph_analysis.walk_back`, the
-    graph's own cut (a loop, so no input makes Python recurse).
+    A Gradient node's sub-graph is the graph from ``xs + zs`` to ``y``, cut at
+    ``xs + zs``; a Gradient node inside it is differentiated again. Per node:
+
+    - depth: 1 + the depth of the deepest Gradient node in its sub-graph, at
+      most ``max_gradient_depth``;
+    - reverse passes: ``1 + 2 * (the passes of each Gradient node in its
+      sub-graph)`` (each inner node is traced forward and differentiated again
+      there); the model's total, over every Gradient node, at most
+      ``max_gradient_passes``: one level of four Gradient nodes over four
+      others multiplies the work by about eight, so depth alone does not
+      bound it.
+
+    Each sub-graph is one walk back from ``y`` (a loop, so no input makes
+    Python recurse), and the walks together take at most
+    :data:`~optkit.onnx._limits.MAX_ANALYSIS_STEPS` steps: load-time analysis
+    is O(Gradient nodes x graph nodes), bounded. Nodes come in the graph's
+    order (onnx.checker requires it topologically sorted), so every inner
+    Gradient node is known before it is needed.
     """
     producer: dict[str, int] = {}
     for index, node in enumerate(nodes):
@@ -279,28 +399,55 @@ def _check_gradient_depth(nodes, limit: int) -> None:
             if out:
                 producer.setdefault(out, index)
     depth: dict[int, int] = {}
+    passes: dict[int, int] = {}
+    steps = 0
     for index, node in enumerate(nodes):
         if normalize_domain(node.domain) != TRAINING_DOMAIN or node.op_type != "Gradient":
             continue
+        name = node.name or f"Gradient#{index}"
+        where = f"node {name!r} ({TRAINING_DOMAIN}::Gradient)"
         attrs = {a.name: a for a in node.attribute}
         if "y" not in attrs:
             continue  # parse_attributes refused it already
         y = attrs["y"].s.decode("utf-8", "replace")
         stop = {v.decode("utf-8", "replace") for key in ("xs", "zs") if key in attrs for v in attrs[key].strings}
-        # The sub-graph, by node index; a Gradient differentiated through itself
-        # is not walked into again (Graph.validate names that cycle).
-        reached, _ = walk_back([y], stop, producer, lambda p, index=index: () if p == index else nodes[p].input)
-        inner = max((p for p in reached if p in depth), key=lambda p: depth[p], default=None)
-        deepest = 0 if inner is None else depth[inner]
-        depth[index] = deepest + 1
-        if depth[index] > limit:
-            name = node.name or f"Gradient#{index}"
-            inner_name = nodes[inner].name or f"Gradient#{inner}"
+        inner: list[int] = []
+        seen: set[str] = set()
+        stack = [y]
+        while stack:
+            tensor = stack.pop()
+            if tensor in seen or tensor in stop:
+                continue
+            seen.add(tensor)
+            steps += 1
+            if steps > MAX_ANALYSIS_STEPS:
+                raise ValueError(f"{where}: the Gradient nodes' sub-graphs take more than {MAX_ANALYSIS_STEPS} steps "
+                                 f"to analyse (Gradient nodes x graph nodes); optkit.onnx refuses the model "
+                                 f"rather than spend longer loading it")
+            p = producer.get(tensor)
+            if p is None or p == index:  # a Gradient differentiated through itself: Graph.validate names it
+                continue
+            if p in depth:
+                inner.append(p)
+            stack.extend(nodes[p].input)
+        inner = list(dict.fromkeys(inner))
+        deepest = max(inner, key=depth.__getitem__, default=None)
+        depth[index] = 1 + (0 if deepest is None else depth[deepest])
+        passes[index] = 1 + 2 * sum(passes[p] for p in inner)
+        if depth[index] > limits.max_gradient_depth:
+            inner_name = nodes[deepest].name or f"Gradient#{deepest}"
             raise ValueError(
-                f"node {name!r} ({TRAINING_DOMAIN}::Gradient): Gradient nodes nest {depth[index]} deep here "
-                f"(its y {y!r} is computed through Gradient node {inner_name!r}), more than optkit.onnx's "
-                f"limit of {limit}; each level differentiates the one below again and about triples the "
-                f"work. Pass max_gradient_depth= (at most {GRADIENT_DEPTH_CEILING}) to allow more")
+                f"{where}: Gradient nodes nest {depth[index]} deep here (its y {y!r} is computed through Gradient "
+                f"node {inner_name!r}), more than optkit.onnx's limit of {limits.max_gradient_depth}; each level "
+                f"differentiates the one below again. Pass max_gradient_depth= (at most {GRADIENT_DEPTH_CEILING}) "
+                f"to allow more")
+        total = sum(passes.values())
+        if total > limits.max_gradient_passes:
+            raise ValueError(
+                f"{where}: the model's Gradient nodes need {total} reverse passes so far (this one "
+                f"{passes[index]}: {len(inner)} Gradient nodes in its sub-graph, each differentiated again), more "
+                f"than optkit.onnx's limit of {limits.max_gradient_passes}; pass max_gradient_passes= to allow "
+                f"more (compile time grows with it)")
 
 
 def _look_up(nodes, opsets: dict[str, int]) -> list[tuple[OpSpec, Any]]:
@@ -369,6 +516,7 @@ def to_graph(
     base_dir: str | os.PathLike[str] | None = None,
     max_tensor_bytes: int | None = None,
     max_gradient_depth: int | None = None,
+    max_gradient_passes: int | None = None,
 ) -> Graph:
     """Load an ONNX model into an :class:`optkit.Graph`.
 
@@ -402,6 +550,8 @@ def to_graph(
         in bytes; default :func:`default_max_tensor_bytes` (half the memory
         available now).
       max_gradient_depth: how deep Gradient nodes may nest, 1 to 16; default 8.
+      max_gradient_passes: the reverse passes the Gradient nodes may need in
+        all (see README "Loading ONNX files from strangers"); default 4096.
 
     Raises:
       ValueError: malformed bytes (text that is not UTF-8 included), a model
@@ -430,5 +580,5 @@ def to_graph(
       >>> jax.jit(graph.as_function(["a", "b"], "c"))(jnp.ones(2), jnp.ones(2))
       Array([2., 2.], dtype=float32)
     """
-    limits = Limits.make(max_tensor_bytes, max_gradient_depth)
-    return convert(load_model(model, base_dir=base_dir), limits).graph
+    limits = Limits.make(max_tensor_bytes, max_gradient_depth, max_gradient_passes=max_gradient_passes)
+    return convert(read_model(model, base_dir, limits, before_check=check_operators), limits).graph

@@ -3,19 +3,25 @@
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import google.protobuf.message
 import onnx
-import onnx.external_data_helper
 
-__all__ = ["ModelSource", "load_model", "tensors_of"]
+from optkit.onnx._errors import UnsupportedOpError
+from optkit.onnx._limits import Limits, check_size
+from optkit.onnx._ops._values import DTYPES, dtype_name
+
+__all__ = ["ModelSource", "load_model", "read_model", "tensors_of"]
 
 ModelSource = onnx.ModelProto | bytes | bytearray | memoryview | str | os.PathLike[str] | IO[bytes]
 
 
-def load_model(model: ModelSource, *, base_dir: str | os.PathLike[str] | None = None) -> onnx.ModelProto:
+def load_model(model: ModelSource, *, base_dir: str | os.PathLike[str] | None = None,
+               max_tensor_bytes: int | None = None) -> onnx.ModelProto:
     """Read an ONNX model, load its external data safely, and check it with ``onnx.checker``.
 
     External data (tensors whose bytes live in other files) is read only
@@ -25,13 +31,22 @@ def load_model(model: ModelSource, *, base_dir: str | os.PathLike[str] | None = 
     read no external file for it). Every external tensor, an initializer or
     a tensor in a node attribute (a ``Constant``'s ``value``...), goes
     through onnx's checks: a relative location inside that directory, no
-    ``..``, no symlink out of it.
+    ``..``, no symlink out of it. Exactly the bytes a tensor's dims and type
+    need are read, at its ``offset``, after its size was checked.
+
+    Every tensor the model brings (initializers, sparse initializers once
+    densified, attribute tensors such as a ``Constant``'s value; inline or
+    external) is held to ``max_tensor_bytes`` and to the bounds on dimensions
+    (:func:`optkit.onnx.default_max_tensor_bytes`), before it is read or
+    converted.
 
     Args:
       model: a ``onnx.ModelProto``, its serialized bytes, a path to a
         ``.onnx`` file, or a binary file object.
       base_dir: for a model given without a path, the directory its external
         data files are in; None (default) refuses external data.
+      max_tensor_bytes: the largest tensor in bytes; default
+        :func:`optkit.onnx.default_max_tensor_bytes` (half the memory available).
 
     Returns:
       The checked ``ModelProto``: the object given when it has no external
@@ -40,8 +55,11 @@ def load_model(model: ModelSource, *, base_dir: str | os.PathLike[str] | None = 
     Raises:
       ValueError: the bytes are not a ModelProto, ``onnx.checker`` rejects
         the model, a path that is a directory, external data without a
-        directory to read it from, or whose location leaves that directory
-        or cannot be read (the message names the tensor).
+        directory to read it from, or whose location leaves that directory,
+        whose file is too short or whose ``length`` disagrees with its dims,
+        or that cannot be read (the message names the tensor).
+      TensorTooLargeError: a tensor above ``max_tensor_bytes`` or a dimension
+        above the bounds (a ``ValueError`` and a ``MemoryError``).
       TypeError: ``model`` is none of the accepted kinds, or ``base_dir``
         given with a path.
       FileNotFoundError: no file at the path.
@@ -53,6 +71,13 @@ def load_model(model: ModelSource, *, base_dir: str | os.PathLike[str] | None = 
       ...
       ValueError: malformed ONNX model bytes: ...
     """
+    return read_model(model, base_dir, Limits.make(max_tensor_bytes))
+
+
+def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None, limits: Limits,
+               before_check: Callable[[onnx.ModelProto], None] | None = None) -> onnx.ModelProto:
+    """:func:`load_model` with ``limits``, and ``before_check(proto)`` called before ``onnx.checker`` runs
+    (the converter finds every unsupported operator there, before the checker's pass over a large model)."""
     directory: str | None = None
     if isinstance(model, onnx.ModelProto):
         proto, origin = model, "the ModelProto"
@@ -83,7 +108,10 @@ def load_model(model: ModelSource, *, base_dir: str | os.PathLike[str] | None = 
         directory = os.fspath(base_dir)
         if not os.path.isdir(directory):
             raise ValueError(f"base_dir {directory!r} is not a directory")
+    _check_tensors(proto, limits.max_tensor_bytes)
     proto = _load_external_data(proto, directory, origin)
+    if before_check is not None:
+        before_check(proto)
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as err:
@@ -96,63 +124,131 @@ def load_model(model: ModelSource, *, base_dir: str | os.PathLike[str] | None = 
     return proto
 
 
-def tensors_of(proto: onnx.ModelProto):
-    """Every TensorProto of the model with a description: initializers, attribute tensors
-    (sub-graphs and model-local functions included). Iterative: no recursion on nesting."""
+def tensors_of(proto: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto, tuple[int, ...] | None]]:
+    """Every TensorProto of the model: ``(description, tensor, dense dims)``.
+
+    Initializers, sparse initializers' values and indices, attribute tensors
+    (sub-graphs and model-local functions included). ``dense dims`` is the
+    shape a sparse tensor has once densified (what its values are bounded
+    by), None for a dense tensor. Iterative: no recursion on nesting.
+    """
     stack: list[tuple[Any, str]] = [(proto.graph, "")]
     stack += [(function, f"function {function.name!r}: ") for function in proto.functions]
     while stack:
         graph, prefix = stack.pop()
         for tensor in getattr(graph, "initializer", ()):
-            yield f"{prefix}initializer {tensor.name!r}", tensor
+            yield f"{prefix}initializer {tensor.name!r}", tensor, None
         for sparse in getattr(graph, "sparse_initializer", ()):
-            yield f"{prefix}sparse initializer {sparse.values.name!r}", sparse.values
-            yield f"{prefix}sparse initializer {sparse.values.name!r} (indices)", sparse.indices
+            yield f"{prefix}sparse initializer {sparse.values.name!r}", sparse.values, tuple(sparse.dims)
+            yield f"{prefix}sparse initializer {sparse.values.name!r} (indices)", sparse.indices, None
         for index, node in enumerate(graph.node):
             where = f"{prefix}attribute {{}} of node {node.name or f'{node.op_type}#{index}'!r}"
             for attr in node.attribute:
                 what = where.format(repr(attr.name))
                 if attr.HasField("t"):
-                    yield what, attr.t
+                    yield what, attr.t, None
                 for tensor in attr.tensors:
-                    yield what, tensor
+                    yield what, tensor, None
                 for sparse in [attr.sparse_tensor] * attr.HasField("sparse_tensor") + list(attr.sparse_tensors):
-                    yield what, sparse.values
-                    yield what, sparse.indices
+                    yield what, sparse.values, tuple(sparse.dims)
+                    yield f"{what} (indices)", sparse.indices, None
                 if attr.HasField("g"):
                     stack.append((attr.g, f"{what}, sub-graph: "))
                 stack += [(g, f"{what}, sub-graph: ") for g in attr.graphs]
 
 
+def _check_tensors(proto: onnx.ModelProto, limit: int) -> None:
+    """Every tensor the model brings, inline or external, against the bounds, before any is read or converted.
+
+    A tensor of an element type optkit does not run is left to the
+    converter, which refuses it naming the type.
+    """
+    for where, tensor, dense in tensors_of(proto):
+        dtype = DTYPES.get(tensor.data_type)
+        if dtype is None:
+            continue
+        check_size(dense if dense is not None else tuple(tensor.dims), dtype, where, limit)
+
+
+def _external_location(tensor: onnx.TensorProto, where: str) -> tuple[str, int, int | None]:
+    """``(location, offset, length)`` of an external tensor, each checked; a ValueError names the tensor."""
+    fields: dict[str, str] = {}
+    for entry in tensor.external_data:
+        if entry.key in fields:
+            raise ValueError(f"{where}: its external data gives {entry.key!r} twice")
+        fields[entry.key] = entry.value
+    numbers = {}
+    for key in ("offset", "length"):
+        if key in fields:
+            try:
+                numbers[key] = int(fields[key])
+            except ValueError:
+                raise ValueError(f"{where}: its external data {key} {fields[key]!r} is not an integer") from None
+            if numbers[key] < 0:
+                raise ValueError(f"{where}: its external data {key} is negative ({numbers[key]})")
+    return fields.get("location", ""), numbers.get("offset", 0), numbers.get("length")
+
+
+def _read_external(tensor: onnx.TensorProto, root: str, directory: str, where: str) -> None:
+    """Read exactly the bytes ``tensor``'s dims and type need from its file in ``root``, into the tensor.
+
+    The size was bounded by :func:`_check_tensors` before; the file must be
+    inside ``root`` (no absolute path, no ``..``, no link out of it), hold
+    ``offset + size`` bytes, and a ``length`` it declares must be that size.
+    Nothing else of the file is read.
+    """
+    location, offset, length = _external_location(tensor, where)
+    parts = location.replace("\\", "/").split("/")
+    target = os.path.realpath(os.path.join(root, location)) if location else root
+    if not location or os.path.isabs(location) or ".." in parts or os.path.splitdrive(location)[0] \
+            or os.path.commonpath([root, target]) != root:
+        raise ValueError(f"{where}: its external data location {location!r} is not a file inside the "
+                         f"model's directory {directory!r}; optkit reads external data from that "
+                         f"directory only")
+    dtype = DTYPES.get(tensor.data_type)
+    if dtype is None:
+        raise UnsupportedOpError(f"{where} has element type {dtype_name(tensor.data_type)}, which optkit does not "
+                                 f"run (its external data is not read)")
+    size = math.prod(tensor.dims) * dtype.itemsize
+    if length is not None and length != size:
+        raise ValueError(f"{where}: its external data declares length {length} bytes, but dims "
+                         f"{list(tensor.dims)} of {dtype.name} need {size}")
+    try:
+        if not os.path.isfile(target):
+            raise ValueError(f"{where}: its external data file {location!r} does not exist in {directory!r} "
+                             f"(or is not a file)")
+        available = os.path.getsize(target)
+        if offset + size > available:
+            raise ValueError(f"{where}: its external data file {location!r} holds {available} bytes, but dims "
+                             f"{list(tensor.dims)} of {dtype.name} at offset {offset} need {offset + size}")
+        with open(target, "rb") as f:
+            f.seek(offset)
+            data = f.read(size)
+    except OSError as err:
+        raise ValueError(f"{where}: cannot read its external data {location!r} in {directory!r}: {err}") from None
+    if len(data) != size:  # the file shrank while it was read
+        raise ValueError(f"{where}: its external data file {location!r} ended after {len(data)} of {size} bytes")
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
+    tensor.raw_data = data
+
+
 def _load_external_data(proto: onnx.ModelProto, directory: str | None, origin: str) -> onnx.ModelProto:
     """``proto`` with the data of its external tensors read from ``directory`` (a copy when there are any)."""
-    if not any(t.data_location == onnx.TensorProto.EXTERNAL for _, t in tensors_of(proto)):
+    external = [(w, t) for w, t, _ in tensors_of(proto) if t.data_location == onnx.TensorProto.EXTERNAL]
+    if not external:
         return proto
     if directory is None:
-        where = next(w for w, t in tensors_of(proto) if t.data_location == onnx.TensorProto.EXTERNAL)
         raise ValueError(
-            f"{where} keeps its data in an external file, but {origin} was given without a path, so "
+            f"{external[0][0]} keeps its data in an external file, but {origin} was given without a path, so "
             f"optkit reads no file for it (onnx's loaders do the same); load the model from its path "
             f"(optkit.onnx.prepare('model.onnx')) or pass base_dir= the directory of its data files")
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)  # the caller's ModelProto is never modified
     root = os.path.realpath(directory)
-    for where, tensor in tensors_of(copy):
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        location = onnx.external_data_helper.ExternalDataInfo(tensor).location
-        parts = location.replace("\\", "/").split("/")
-        target = os.path.realpath(os.path.join(root, location)) if location else root
-        if not location or os.path.isabs(location) or ".." in parts or os.path.splitdrive(location)[0] \
-                or os.path.commonpath([root, target]) != root:
-            raise ValueError(f"{where}: its external data location {location!r} is not a file inside the "
-                             f"model's directory {directory!r}; optkit reads external data from that "
-                             f"directory only")
-        try:
-            onnx.external_data_helper.load_external_data_for_tensor(tensor, root)
-        except (OSError, ValueError, RuntimeError, onnx.checker.ValidationError) as err:
-            raise ValueError(f"{where}: cannot read its external data {location!r} in {directory!r}: "
-                             f"{err}") from None
+    for where, tensor, _ in tensors_of(copy):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            _read_external(tensor, root, directory, where)
     return copy
 
 

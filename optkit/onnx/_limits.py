@@ -14,13 +14,12 @@ from typing import Any
 
 import jax
 import numpy as np
-import onnx
 
 from optkit.onnx._errors import TensorTooLargeError
-from optkit.onnx._ops._values import DTYPES
 
-__all__ = ["Limits", "default_max_tensor_bytes", "check_size", "check_declared_shape", "MAX_GRADIENT_DEPTH",
-           "GRADIENT_DEPTH_CEILING", "MAX_EXPANDED_NODES"]
+__all__ = ["Limits", "default_max_tensor_bytes", "check_size", "MAX_GRADIENT_DEPTH",
+           "GRADIENT_DEPTH_CEILING", "MAX_EXPANDED_NODES", "MAX_DIM", "MAX_EMPTY_EXTENT", "MAX_GRADIENT_PASSES",
+           "MAX_ANALYSIS_STEPS"]
 
 # Gradient nodes nested deeper than this are refused at load time: each level of
 # nesting differentiates the level below it again, about tripling the work (8
@@ -30,8 +29,19 @@ MAX_GRADIENT_DEPTH = 8
 GRADIENT_DEPTH_CEILING = 16
 
 
-# The most nodes a model may have once its model-local functions are expanded.
-MAX_EXPANDED_NODES = 1_000_000
+# The most nodes a model's local functions may expand it to (or the nodes its file holds, if more):
+# a model at the bound loads in seconds (34 microseconds a node on a 2-core CPU).
+MAX_EXPANDED_NODES = 100_000
+# The reverse passes a model's Gradient nodes may ask for in all (``max_gradient_passes``): the
+# work of differentiating, which nesting and fan-out multiply (README "Loading ONNX files from strangers").
+MAX_GRADIENT_PASSES = 4096
+# The steps the load-time walks over the Gradient nodes' sub-graphs may take in all.
+MAX_ANALYSIS_STEPS = 5_000_000
+# The largest dimension of any tensor a model declares or computes.
+MAX_DIM = 2**31 - 1
+# An empty tensor's non-zero dimensions multiply to at most this: XLA:CPU's cost for an empty array
+# grows with its other dimensions (Neg of [65536, 65536, 0] took 2 GB and aborted the process).
+MAX_EMPTY_EXTENT = 2**24
 
 
 def _available_bytes(device: Any) -> int | None:
@@ -68,7 +78,7 @@ def _available_bytes(device: Any) -> int | None:
     return max(min(candidates), 0)
 
 
-def default_max_tensor_bytes(device: jax.Device | None = None) -> int:
+def default_max_tensor_bytes(device: Any = None) -> int:
     """The default limit on one tensor's bytes: half the memory available on ``device`` now.
 
     Half the free memory of an accelerator (``device.memory_stats()``), or of
@@ -101,20 +111,22 @@ def default_max_tensor_bytes(device: jax.Device | None = None) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """What a loaded model may use: bytes of one tensor, depth of nested Gradient nodes.
+    """What a loaded model may use: bytes of one tensor, depth of nested Gradient nodes, reverse passes.
 
     Attributes:
       max_tensor_bytes: the largest tensor (declared or computed) in bytes.
       max_gradient_depth: how deep Gradient nodes may nest (a Gradient whose
         ``y`` is computed through another Gradient is one level deeper).
+      max_gradient_passes: the reverse passes the Gradient nodes may need in all.
     """
 
     max_tensor_bytes: int
     max_gradient_depth: int = MAX_GRADIENT_DEPTH
+    max_gradient_passes: int = MAX_GRADIENT_PASSES
 
     @classmethod
     def make(cls, max_tensor_bytes: int | None = None, max_gradient_depth: int | None = None,
-             device: Any = None) -> Limits:
+             device: Any = None, max_gradient_passes: int | None = None) -> Limits:
         """The limits with defaults filled in, each checked (a positive int; the depth at most the ceiling)."""
         if max_tensor_bytes is None:
             max_tensor_bytes = default_max_tensor_bytes(device)
@@ -126,32 +138,39 @@ class Limits:
                 1 <= depth <= GRADIENT_DEPTH_CEILING:
             raise ValueError(f"max_gradient_depth must be an integer from 1 to {GRADIENT_DEPTH_CEILING} "
                              f"(each level about triples the work), got {depth!r}")
-        return cls(int(max_tensor_bytes), int(depth))
+        passes = MAX_GRADIENT_PASSES if max_gradient_passes is None else max_gradient_passes
+        if isinstance(passes, bool) or not isinstance(passes, (int, np.integer)) or passes < 1:
+            raise ValueError(f"max_gradient_passes must be a positive integer, got {passes!r}")
+        return cls(int(max_tensor_bytes), int(depth), int(passes))
 
 
 def check_size(shape: tuple[int, ...], dtype: np.dtype | None, what: str, limit: int) -> None:
-    """Raise :class:`TensorTooLargeError` naming ``what`` if a tensor of ``shape`` exceeds ``limit`` bytes."""
-    elements = math.prod(shape)
-    itemsize = 1 if dtype is None else np.dtype(dtype).itemsize
-    if elements * itemsize > limit:
-        kind = "" if dtype is None else f" of {np.dtype(dtype).name}"
+    """Raise :class:`TensorTooLargeError` naming ``what`` if a tensor of ``shape`` exceeds the bounds.
+
+    The bounds: each dimension at most :data:`MAX_DIM`, and the tensor's bytes
+    at most ``limit``, counting a dimension of 0 as 1 (an empty tensor costs
+    XLA:CPU work and memory in its other dimensions: [65536, 65536, 0] took
+    gigabytes), so that ``size * itemsize <= limit`` for non-empty tensors.
+    """
+    dims = tuple(int(d) for d in shape)
+    kind = "" if dtype is None else f" of {np.dtype(dtype).name}"
+    huge = [d for d in dims if d > MAX_DIM]
+    if huge:
         raise TensorTooLargeError(
-            f"{what} has shape {tuple(shape)}: {elements:.4g} elements{kind}, {elements * itemsize:.4g} bytes, "
+            f"{what} has shape {dims}: the dimension {huge[0]} is above optkit.onnx's bound of {MAX_DIM} "
+            f"(2**31 - 1) on one dimension; it is refused before anything is allocated")
+    counted = math.prod(max(d, 1) for d in dims)
+    if 0 in dims and counted > MAX_EMPTY_EXTENT:
+        raise TensorTooLargeError(
+            f"{what} has shape {dims}: an empty tensor whose other dimensions multiply to {counted:.4g}, above "
+            f"optkit.onnx's bound of {MAX_EMPTY_EXTENT} (2**24) for empty tensors (XLA's work for an empty "
+            f"array grows with its other dimensions); it is refused before anything is allocated")
+    itemsize = 1 if dtype is None else np.dtype(dtype).itemsize
+    if counted * itemsize > limit:
+        empty = " (a dimension of 0 counts as 1: an empty tensor costs XLA work in its other dimensions)" \
+            if 0 in dims else ""
+        raise TensorTooLargeError(
+            f"{what} has shape {dims}: {counted:.4g} elements{kind}, {counted * itemsize:.4g} bytes{empty}, "
             f"more than optkit.onnx's limit of {limit} bytes ({limit / 2**30:.3g} GiB) for one tensor; it is "
             f"refused before anything is allocated (the default limit is half the memory available when "
             f"the model is loaded; pass max_tensor_bytes= to raise it)")
-
-
-def check_declared_shape(value_info: onnx.ValueInfoProto, what: str, limit: int) -> None:
-    """A declared (graph output or value_info) tensor shape: no negative or oversized dimensions."""
-    if value_info.type.WhichOneof("value") != "tensor_type":
-        return
-    tensor = value_info.type.tensor_type
-    if not tensor.HasField("shape"):
-        return
-    fixed = [int(d.dim_value) for d in tensor.shape.dim if d.WhichOneof("value") == "dim_value"]
-    negative = [d for d in fixed if d < 0]
-    if negative:
-        raise ValueError(f"{what} {value_info.name!r} declares the negative dimension {negative[0]}")
-    dtype = DTYPES.get(tensor.elem_type)
-    check_size(tuple(fixed), dtype, f"{what} {value_info.name!r}", limit)

@@ -194,16 +194,22 @@ class GraphAnalysis:
         return tuple(order)
 
     def _check_independent(self, grad: GradientNode) -> None:
+        """No tensor of ``xs + zs`` is computed from another: one walk back from all of them together,
+        each tensor visited once (linear in the graph, however many names ``xs`` and ``zs`` hold)."""
         listed = {name: "xs" for name in grad.xs} | {name: "zs" for name in grad.zs}
-        for name in listed:
-            if name not in self._producer:
+        origin: dict[str, str] = {}  # a visited tensor -> the listed name whose inputs led to it
+        stack = [(dep, name) for name in listed if name in self._producer
+                 for dep in self.deps[self._producer[name]]]
+        while stack:
+            tensor, source = stack.pop()
+            if tensor in origin:
                 continue
-            direct = self.deps[self._producer[name]]
-            nodes, _ = walk_back(direct, (), self._producer, self.deps.__getitem__)
-            ancestors = set(direct).union(*(self.deps[node] for node in nodes))
-            for ancestor in listed:
-                if ancestor in ancestors:
-                    raise ValueError(
-                        f"{name_of(grad)}: xs and zs must be independent (SPEC 6), but "
-                        f"{name!r} (in {listed[name]}) is computed from {ancestor!r} (in "
-                        f"{listed[ancestor]}); drop one of them")
+            origin[tensor] = source
+            if tensor in listed:
+                raise ValueError(
+                    f"{name_of(grad)}: xs and zs must be independent (SPEC 6), but "
+                    f"{source!r} (in {listed[source]}) is computed from {tensor!r} (in "
+                    f"{listed[tensor]}); drop one of them")
+            producer = self._producer.get(tensor)
+            if producer is not None:
+                stack.extend((dep, source) for dep in self.deps[producer])

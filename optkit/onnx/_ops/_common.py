@@ -43,7 +43,7 @@ def lowest(dtype: Any) -> Any:
 
 
 def checked_indices(ctx: NodeContext, indices: Any, size: int, where: str) -> Any:
-    """Indices into an axis of ``size`` with negatives counted from the end, for ``mode="fill"``.
+    """int32 or int64 indices into an axis of ``size`` with negatives counted from the end, for ``mode="fill"``.
 
     Indices known at load time (constants) that are out of range raise here.
     Others are tested in their own dtype, and every out-of-range one becomes
@@ -51,7 +51,14 @@ def checked_indices(ctx: NodeContext, indices: Any, size: int, where: str) -> An
     index of 2**32 + 1 would otherwise wrap to row 1; ``size`` is out of range
     in any dtype, and ``mode="fill"`` then gives NaN (floats) or the fill value
     of the type, as for any out-of-range index, never a valid element.
+
+    Raises:
+      TypeError: indices of another type (ONNX's type constraint; uint64
+        indices would silently give NaN, int8 ones overflow).
     """
+    dtype = jnp.result_type(indices)
+    if dtype not in (jnp.int32, jnp.int64):
+        raise TypeError(ctx.message(f"indices must be int32 or int64 (ONNX's type constraint), got {dtype}"))
     if isinstance(indices, (np.ndarray, np.generic)):
         values = np.asarray(indices)
         bad = values[(values < -size) | (values >= size)]

@@ -32,6 +32,7 @@ import onnx.defs
 from onnx import helper
 
 from optkit.onnx._errors import UnsupportedOpError
+from optkit.onnx._limits import check_size
 from optkit.onnx._ops._values import DEFAULT_DOMAIN, domain_text, normalize_domain, tensor_value
 
 __all__ = ["NodeContext", "GradientRequest", "Builder", "Handler", "Family", "OpSpec", "OpTable",
@@ -49,6 +50,8 @@ class NodeContext:
       name: the node's name (or ``op_type#index`` when it has none).
       inputs, outputs: the node's tensor names; ``""`` is an absent optional one.
       attrs: the attributes, with the schema's defaults filled in.
+      max_tensor_bytes: the model's bound on one tensor, which every
+        intermediate a handler creates is held to (:meth:`check_size`).
     """
 
     op_type: str
@@ -59,6 +62,7 @@ class NodeContext:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     attrs: Mapping[str, Any]
+    max_tensor_bytes: int = 2**62
 
     @property
     def where(self) -> str:
@@ -75,6 +79,10 @@ class NodeContext:
     def unsupported(self, text: str) -> UnsupportedOpError:
         """An UnsupportedOpError that names this node; raise it."""
         return UnsupportedOpError(self.message(text))
+
+    def check_size(self, shape: Sequence[int], dtype: Any, what: str) -> None:
+        """Raise :class:`~optkit.onnx.TensorTooLargeError` if an intermediate of ``shape`` would exceed the bounds."""
+        check_size(tuple(shape), dtype, self.message(what), self.max_tensor_bytes)
 
     def has_output(self, i: int) -> bool:
         """True if optional output ``i`` is asked for."""

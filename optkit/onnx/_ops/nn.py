@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from optkit.onnx._ops._common import axis_index, lowest
@@ -103,6 +105,76 @@ def _auto_pads(ctx: NodeContext, spatial, kernel, strides, dilations, pads):
     return result
 
 
+@dataclasses.dataclass(frozen=True)
+class _Window:
+    """One spatial axis of a sliding window: input size, kernel, dilation, stride, begin padding, outputs."""
+
+    n: int
+    k: int
+    d: int
+    s: int
+    begin: int
+    out: int
+
+    @property
+    def span(self) -> int:
+        return (self.k - 1) * self.d + 1
+
+    @property
+    def end(self) -> int:
+        """The end padding the last window reaches (``ceil_mode`` may reach past the explicit pads)."""
+        return max((self.out - 1) * self.s + self.span - self.n - self.begin, 0)
+
+    def core(self) -> tuple[int, int, tuple[int, int], tuple[int, int]] | None:
+        """The outputs whose window reaches the input, ``(first, last)``, the input range they read and the
+        padding they need on each side (each less than the span); None when every window lies in the padding.
+
+        Only these outputs need the input: the others see padding alone, so a window's padding never has
+        to exist beyond one span on each side of the input, however large the pads and strides are.
+        """
+        first = 0 if self.begin < self.span else (self.begin - self.span) // self.s + 1
+        last = min(self.out - 1, (self.n - 1 + self.begin) // self.s)
+        if first > last:
+            return None
+        start, stop = first * self.s - self.begin, last * self.s - self.begin + self.span
+        return first, last, (max(start, 0), min(stop, self.n)), (max(-start, 0), max(stop - self.n, 0))
+
+    def counts(self, low: int, high: int, first: int, last: int) -> np.ndarray:
+        """For outputs ``first..last``: how many of the window's cells lie in ``[low, high)`` (input coordinates)."""
+        starts = np.arange(first, last + 1, dtype=np.int64) * self.s - self.begin
+        cells = starts[:, None] + np.arange(self.k, dtype=np.int64)[None, :] * self.d
+        return np.sum((cells >= low) & (cells < high), axis=1)
+
+
+def _windowed(ctx: NodeContext, x, windows: Sequence[_Window], pad_value, compute, fill):
+    """``compute(core_x)`` on the part of ``x`` the windows reach, padded by at most a span on each side,
+    placed in an output of ``fill`` (the value of a window that lies in the padding alone).
+
+    ``compute`` gets the cropped input (padded with ``pad_value``, or None: left to it, as ``(begin, end)``
+    per axis) and the ``(first, last)`` outputs of each axis, and returns the outputs of that block.
+    The intermediate is held to the model's tensor bound.
+    """
+    out_shape = (*jnp.shape(x)[:2], *(w.out for w in windows))
+    if all(w.begin < w.span and w.end < w.span for w in windows):
+        # Pads within a window's span (every real model): the whole input, as it is.
+        whole = [(0, w.out - 1, (0, w.n), (w.begin, w.end)) for w in windows]
+        cores: list = whole
+    else:
+        cores = [w.core() for w in windows]
+    if any(c is None for c in cores):
+        return None, out_shape, cores
+    index = (slice(None), slice(None), *(slice(lo, hi) for _, _, (lo, hi), _ in cores))
+    core_x = x[index]
+    pads = [p for _, _, _, p in cores]
+    ctx.check_size((*jnp.shape(core_x)[:2], *(c + b + e for c, (b, e) in zip(jnp.shape(core_x)[2:], pads))),
+                   jnp.result_type(x), "the padded window input")
+    if pad_value is not None:
+        core_x = jnp.pad(core_x, [(0, 0), (0, 0), *pads], constant_values=pad_value)
+    block = compute(core_x, pads, [(first, last) for first, last, _, _ in cores])
+    placement = [(0, 0), (0, 0)] + [(first, w.out - 1 - last) for (first, last, _, _), w in zip(cores, windows)]
+    return jnp.pad(block, placement, constant_values=fill), out_shape, cores
+
+
 @OPS.op("Conv", 1, 11, 22)
 def _conv(ctx):
     group = int(ctx.attrs.get("group", 1))
@@ -120,18 +192,23 @@ def _conv(ctx):
                             f"expects {jnp.shape(w)[1] * group}")
         strides, dilations, pads = _spatial_attrs(ctx, n, kernel)
         pads = _auto_pads(ctx, jnp.shape(x)[2:], kernel, strides, dilations, pads)
-        span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
-        padded = [s + b + e for s, (b, e) in zip(jnp.shape(x)[2:], pads)]
-        if any(p < k for p, k in zip(padded, span)):
-            raise ctx.error(f"the kernel ({span} with dilation) is larger than the padded input {padded} "
-                            f"for input shape {jnp.shape(x)} and pads {pads}")
-        # Zeros padded explicitly, then a VALID convolution: the same tensor, and XLA:CPU's
-        # convolution with padding larger than the kernel on a tiny input crashed the process.
-        x = jnp.pad(x, [(0, 0), (0, 0), *pads])
-        y = lax.conv_general_dilated(
-            x, w, window_strides=strides, padding="VALID", rhs_dilation=dilations,
-            feature_group_count=group,
-        )
+        windows = []
+        for size, k, d, s_, (begin, end) in zip(jnp.shape(x)[2:], kernel, dilations, strides, pads):
+            span = (k - 1) * d + 1
+            if size + begin + end < span:
+                raise ctx.error(f"the kernel ({span} with dilation) is larger than the padded input "
+                                f"{size + begin + end} for input shape {jnp.shape(x)} and pads {pads}")
+            windows.append(_Window(size, k, d, s_, begin, (size + begin + end - span) // s_ + 1))
+        ctx.check_size((jnp.shape(x)[0], jnp.shape(w)[0], *(win.out for win in windows)), jnp.result_type(x),
+                       "the output")
+        # Zeros padded explicitly (at most a span on each side of the part of X the windows reach), then
+        # a VALID convolution: XLA:CPU's convolution with padding larger than the kernel on a tiny input
+        # crashed the process, and padding all of pads can be far larger than memory.
+        y, shape, _ = _windowed(ctx, x, windows, 0, lambda core, _, __: lax.conv_general_dilated(
+            core, w, window_strides=strides, padding="VALID", rhs_dilation=dilations, feature_group_count=group),
+            0)
+        if y is None:  # every window lies in the padding
+            y = jnp.zeros((shape[0], jnp.shape(w)[0], *shape[2:]), jnp.result_type(x, w))
         if b is not None:
             y = y + jnp.reshape(b, (1, -1) + (1,) * n)
         return y
@@ -139,9 +216,9 @@ def _conv(ctx):
     return conv
 
 
-def _pool_geometry(ctx: NodeContext, x, *, dilations_allowed: bool):
-    """Window, strides, dilations, the (begin, end) padding that gives ONNX's output size,
-    and the explicit pads (which ``count_include_pad`` counts)."""
+def _pool_windows(ctx: NodeContext, x, *, dilations_allowed: bool) -> tuple[list[_Window], list]:
+    """Each spatial axis's window with ONNX's output size (``ceil_mode``, ``auto_pad``), and the explicit
+    pads (which ``count_include_pad`` counts)."""
     n = jnp.ndim(x) - 2
     if n < 1:
         raise ctx.error(f"X must be (N, C, D1, ...), got shape {jnp.shape(x)}")
@@ -152,7 +229,7 @@ def _pool_geometry(ctx: NodeContext, x, *, dilations_allowed: bool):
     spatial = jnp.shape(x)[2:]
     pads = _auto_pads(ctx, spatial, kernel, strides, dilations, pads)
     ceil_mode = bool(ctx.attrs.get("ceil_mode", 0)) and ctx.attrs.get("auto_pad", "NOTSET") == "NOTSET"
-    padding = []
+    windows = []
     for size, k, s, d, (begin, end) in zip(spatial, kernel, strides, dilations, pads):
         span = (k - 1) * d + 1
         room = size + begin + end - span
@@ -162,17 +239,19 @@ def _pool_geometry(ctx: NodeContext, x, *, dilations_allowed: bool):
         out = (-(-room // s) if ceil_mode else room // s) + 1
         if ceil_mode and (out - 1) * s >= size + begin:
             out -= 1  # the last window would start in the end padding: dropped (ONNX, PyTorch)
-        padding.append((begin, max((out - 1) * s + span - size - begin, 0)))
-    return kernel, strides, dilations, padding, pads
+        windows.append(_Window(size, k, d, s, begin, out))
+    ctx.check_size((*jnp.shape(x)[:2], *(w.out for w in windows)), jnp.result_type(x), "the output")
+    return windows, pads
 
 
-def _reduce_window(x, init, op, kernel, strides, dilations, padding):
+def _reduce_window(x, init, op, windows, pads):
+    """``op`` over each window of ``x`` (already cropped to what the windows reach), ``pads`` virtual."""
     return lax.reduce_window(
         x, init, op,
-        window_dimensions=(1, 1, *kernel),
-        window_strides=(1, 1, *strides),
-        padding=((0, 0), (0, 0), *padding),
-        window_dilation=(1, 1, *dilations),
+        window_dimensions=(1, 1, *(w.k for w in windows)),
+        window_strides=(1, 1, *(w.s for w in windows)),
+        padding=((0, 0), (0, 0), *pads),
+        window_dilation=(1, 1, *(w.d for w in windows)),
     )
 
 
@@ -184,9 +263,14 @@ def _max_pool(ctx):
         raise ctx.unsupported("storage_order is only used by the Indices output")
 
     def max_pool(x):
-        kernel, strides, dilations, padding, _ = _pool_geometry(ctx, x, dilations_allowed=ctx.version >= 10)
-        init = jnp.asarray(lowest(jnp.result_type(x)), jnp.result_type(x))
-        return _reduce_window(x, init, lax.max, kernel, strides, dilations, padding)
+        windows, _ = _pool_windows(ctx, x, dilations_allowed=ctx.version >= 10)
+        dtype = jnp.result_type(x)
+        # A NumPy initial value (a constant, not traced): lax.reduce_window then is reduce_window_max,
+        # which JAX differentiates (a traced one has no gradient rule).
+        init = np.asarray(lowest(dtype), dtype)
+        y, shape, _ = _windowed(ctx, x, windows, None,
+                                lambda core, pads, _: _reduce_window(core, init, lax.max, windows, pads), init)
+        return jnp.full(shape, init, dtype) if y is None else y
 
     return max_pool
 
@@ -196,24 +280,24 @@ def _average_pool(ctx):
     count_include_pad = bool(ctx.attrs.get("count_include_pad", 0))
 
     def average_pool(x):
-        kernel, strides, dilations, padding, pads = _pool_geometry(ctx, x, dilations_allowed=ctx.version >= 19)
+        windows, pads = _pool_windows(ctx, x, dilations_allowed=ctx.version >= 19)
         dtype = jnp.result_type(x)
-        zero = jnp.zeros((), dtype)
-        total = _reduce_window(x, zero, lax.add, kernel, strides, dilations, padding)
-        # The divisor counts the input elements in each window, plus the explicit
-        # pads with count_include_pad (never the extra end padding of ceil_mode).
-        ones = jnp.ones(jnp.shape(x)[2:], dtype)
-        if count_include_pad:
-            kept = [(b, min(e, e_eff)) for (b, e), (_, e_eff) in zip(pads, padding)]
-            ones = jnp.pad(ones, kept, constant_values=1)
-            extra = [(0, e_eff - e) for (_, e), (_, e_eff) in zip(kept, padding)]
-        else:
-            extra = padding
-        count = lax.reduce_window(
-            ones, zero, lax.add, tuple(kernel), tuple(strides),
-            padding=tuple(extra), window_dilation=tuple(dilations),
-        )
-        return total / count
+        zero = np.zeros((), dtype)
+
+        def mean(core, core_pads, ranges):
+            total = _reduce_window(core, zero, lax.add, windows, core_pads)
+            # The divisor counts the input elements in each window, plus the explicit pads with
+            # count_include_pad (never the extra end padding of ceil_mode): per axis, then their product.
+            count = np.ones((), np.int64)
+            for w, (begin, end), (first, last) in zip(windows, pads, ranges):
+                low, high = (-begin, w.n + end) if count_include_pad else (0, w.n)
+                count = np.multiply.outer(count, w.counts(low, high, first, last))
+            return total / count.astype(dtype)
+
+        # A window in the padding alone: 0 over the pads it counts, 0/0 (NaN) over none.
+        fill = np.asarray(0.0 if count_include_pad else np.nan, dtype)
+        y, shape, _ = _windowed(ctx, x, windows, None, mean, fill)
+        return jnp.full(shape, fill, dtype) if y is None else y
 
     return average_pool
 

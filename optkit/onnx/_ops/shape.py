@@ -15,7 +15,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from optkit.onnx._ops._common import axis_index, axis_indices, checked_indices, is_integer
+from optkit.onnx._ops._common import axis_index, axis_indices, checked_indices
 from optkit.onnx._ops._registry import Family, NodeContext
 from optkit.onnx._ops._values import static_value
 
@@ -92,6 +92,8 @@ def _concat(ctx):
 
     def concat(*xs):
         xs = [x for x in xs if x is not None]
+        if not xs:
+            raise ctx.error("every input is absent (''); Concat needs at least one tensor")
         return jnp.concatenate(xs, axis=axis_index(ctx, axis, jnp.ndim(xs[0])))
 
     return concat
@@ -177,8 +179,6 @@ def _gather(ctx):
     def gather(x, indices):
         a = axis_index(ctx, axis, jnp.ndim(x))
         size = jnp.shape(x)[a]
-        if not is_integer(indices):
-            raise ctx.error(f"indices must be int32 or int64, got {jnp.result_type(indices)}")
         return jnp.take(x, checked_indices(ctx, indices, size, f"axis {a}"), axis=a, mode="fill")
 
     return gather
