@@ -19,6 +19,8 @@ import re
 from collections import defaultdict
 
 import architecture
+import formulas
+from sphinx.util.nodes import make_refnode
 
 import optkit
 import optkit.onnx
@@ -30,17 +32,24 @@ SPEC = os.path.join(os.path.dirname(HERE), "optkit", "SPEC.md")
 
 # Classes whose public methods and properties belong in the reference.
 WITH_MEMBERS = {"FlatParams", "Graph", "BackendRep", "Backend", "InputInfo"}
+# optkit's type aliases: documented as data, referred to as classes by type hints.
+TYPE_ALIASES = {"optkit.onnx.ModelSource"}
+# Members that are protocols, not API (JAX's pytree registration).
+EXCLUDED_MEMBERS = {"FlatParams": "tree_flatten_with_keys, tree_unflatten"}
 
 
 def _entry(module_name: str, name: str) -> str:
     obj = getattr(__import__(module_name, fromlist=[name]), name)
     qualified = f"{module_name}.{name}"
+    # autodoc output is reStructuredText: in a MyST page it must go through eval-rst to be parsed as such.
     if inspect.isclass(obj):
-        members = "\n:members:" if name in WITH_MEMBERS else ""
-        return f"```{{autoclass}} {qualified}{members}\n```\n"
-    if callable(obj):
-        return f"```{{autofunction}} {qualified}\n```\n"
-    return f"```{{autodata}} {qualified}\n:annotation:\n```\n"
+        members = "\n   :members:" if name in WITH_MEMBERS else ""
+        if name in EXCLUDED_MEMBERS:
+            members += f"\n   :exclude-members: {EXCLUDED_MEMBERS[name]}"
+        return f"```{{eval-rst}}\n.. autoclass:: {qualified}{members}\n```\n"
+    if callable(obj) and qualified not in TYPE_ALIASES:
+        return f"```{{eval-rst}}\n.. autofunction:: {qualified}\n```\n"
+    return f"```{{eval-rst}}\n.. autodata:: {qualified}\n   :no-value:\n```\n"
 
 
 def _api() -> str:
@@ -67,8 +76,21 @@ def _supported_ops() -> str:
     return f"{count} operators, {sum(map(len, versions.values()))} operator versions.\n\n" + "\n".join(lines) + "\n"
 
 
+def _math_blocks(markdown: str) -> str:
+    """The SPEC's fenced blocks of formulas as MyST math blocks (other fenced blocks stay code)."""
+
+    def block(match: re.Match) -> str:
+        lines = match.group(1).splitlines()
+        if not formulas.is_formula_block(lines):
+            return match.group(0)
+        rows = [formulas.to_latex(line.strip()) for line in lines if line.strip()]
+        return "```{math}\n\\begin{aligned}\n" + " \\\\\n".join(rows) + "\n\\end{aligned}\n```"
+
+    return re.sub(r"```\n(.*?)\n```", block, markdown, flags=re.S)
+
+
 def _spec_sections() -> dict[str, str]:
-    text = open(SPEC, encoding="utf-8").read()
+    text = _math_blocks(open(SPEC, encoding="utf-8").read())
     sections = {}
     for match in re.finditer(r"^## (\d+)\. .*?$\n(.*?)(?=^## |\Z)", text, re.S | re.M):
         sections[match.group(1)] = match.group(2).strip() + "\n"
@@ -91,6 +113,51 @@ def generate(app=None) -> None:
                 f.write(body)
 
 
+def _type_alias_reference(app, env, node, contnode):
+    """Resolve a ``py:class`` reference to one of optkit's type aliases (``optkit.onnx.ModelSource``),
+    which autodoc documents as data: the type hints of signatures refer to them as classes."""
+    if node.get("refdomain") != "py" or node.get("reftype") != "class":
+        return None
+    target = node["reftarget"]
+    for name in (target, f"optkit.onnx.{target}", f"optkit.{target}"):
+        if name in TYPE_ALIASES:
+            entry = env.get_domain("py").objects.get(name)
+            if entry is not None:
+                return make_refnode(app.builder, node["refdoc"], entry.docname, entry.node_id, contnode, name)
+    return None
+
+
+def _alias_names(app, doctree):
+    """Show a type alias as its name: Sphinx renders ``DTypeLike | None`` as a reference to its internal
+    ``TypeAliasForwardRef`` followed by ``(``, ``'jax.typing.DTypeLike'`` and ``)``; make that a
+    reference to ``jax.typing.DTypeLike`` that reads ``DTypeLike``."""
+    from sphinx import addnodes
+
+    for ref in list(doctree.findall(addnodes.pending_xref)):
+        if ref.get("reftarget") != "TypeAliasForwardRef":
+            continue
+        parent = ref.parent
+        index = parent.index(ref)
+        taken, text = [], ""
+        for sibling in parent.children[index + 1:]:
+            taken.append(sibling)
+            text += sibling.astext()
+            if text.rstrip().endswith(")"):
+                break
+        match = re.fullmatch(r"\('([\w.]+)'\)(\s*)", text)
+        if match is None:
+            continue
+        name = match.group(1)
+        for sibling in taken:
+            parent.remove(sibling)
+        ref["reftarget"] = name
+        emphasis = ref.children[0]
+        emphasis.children = [type(emphasis.children[0])(name.split(".")[-1] + match.group(2))]
+
+
 def setup(app):
+    app.connect("doctree-read", _alias_names)
+    app.connect("autodoc-process-docstring", formulas.process_docstring)
     app.connect("builder-inited", generate)
+    app.connect("missing-reference", _type_alias_reference)
     return {"version": optkit.__version__, "parallel_read_safe": True, "parallel_write_safe": True}

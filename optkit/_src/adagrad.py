@@ -257,7 +257,7 @@ def adagrad(
 
     Raises:
       ValueError, TypeError: as :func:`scale_by_onnx_adagrad`, and for a
-      negative ``learning_rate``.
+        negative ``learning_rate``.
 
     Example:
       >>> import jax, jax.numpy as jnp, optax, optkit

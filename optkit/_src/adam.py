@@ -198,7 +198,7 @@ def onnx_adam(
 
     Raises:
       ValueError, TypeError: as :func:`onnx_adagrad`, and for ``alpha``/``beta``
-      outside [0, 1) or ``norm_coefficient_post`` outside [0, 1).
+        outside [0, 1) or ``norm_coefficient_post`` outside [0, 1).
 
     Example:
       >>> import jax.numpy as jnp, optkit

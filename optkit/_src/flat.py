@@ -156,13 +156,13 @@ def _to_device(host: np.ndarray, device) -> jax.Array:
 class FlatParams(Mapping[str, Any]):
     """A pytree of parameters stored as one contiguous 1-D buffer per dtype.
 
-    The per-leaf tree is a view: :meth:`to_tree` slices it back out. Because
+    The per-leaf tree is a view: :meth:`~optkit.FlatParams.to_tree` slices it back out. Because
     :class:`FlatParams` is itself a pytree whose leaves are the buffers, every
     Optax transformation, ``jax.grad``, ``jax.jit`` and ``optax.apply_updates``
     work on it unchanged, and see one array per dtype instead of one per
     parameter: gradients and optimizer state come out as :class:`FlatParams`
     of the same layout. Keep the parameters in this form across steps (build it
-    once with :meth:`from_tree`); the model reads ``flat.to_tree()`` inside the
+    once with :meth:`~optkit.FlatParams.from_tree`); the model reads ``flat.to_tree()`` inside the
     jitted step, where XLA fuses the slices into their consumers.
 
     Same numbers as per leaf: for transformations that treat every element
@@ -218,7 +218,7 @@ class FlatParams(Mapping[str, Any]):
     __slots__ = ("_buffers", "_layout")
 
     def __init__(self, buffers: Sequence[Any], layout: _Layout):
-        """Internal: use :meth:`from_tree` or :meth:`pack`."""
+        """Internal: use :meth:`~optkit.FlatParams.from_tree` or :meth:`~optkit.FlatParams.pack`."""
         if not isinstance(layout, _Layout):
             raise TypeError("use FlatParams.from_tree(tree) to build a FlatParams")
         self._buffers = tuple(buffers)
@@ -341,7 +341,7 @@ class FlatParams(Mapping[str, Any]):
 
         Returns:
           A pytree with the structure, shapes and dtypes given to
-          :meth:`from_tree`; new arrays (the buffers are not aliased).
+          :meth:`~optkit.FlatParams.from_tree`; new arrays (the buffers are not aliased).
 
         Example:
           >>> import jax.numpy as jnp, optkit

@@ -243,7 +243,7 @@ def momentum(
 
     Raises:
       ValueError, TypeError: as :func:`scale_by_onnx_momentum`, and for a
-      negative ``learning_rate``.
+        negative ``learning_rate``.
 
     Example:
       >>> import jax, jax.numpy as jnp, optax, optkit

@@ -15,7 +15,7 @@ import ``onnx``.
 
 - :func:`load_model` — read (file, bytes, ModelProto) and ``onnx.checker`` a model;
 - :func:`to_graph` — the model as an :class:`optkit.Graph`;
-- :func:`prepare` / :class:`BackendRep` — load once, :meth:`BackendRep.run` many times;
+- :func:`prepare` / :class:`BackendRep` — load once, :meth:`~optkit.onnx.BackendRep.run` many times;
 - :func:`run_model`, :func:`run_node` — one-off runs;
 - :class:`Backend` — an ``onnx.backend.base.Backend`` for ONNX's test runner;
 - :func:`supported_ops` — the op table's ``(domain, op_type, since_version)`` rows;
@@ -54,7 +54,7 @@ except ImportError as _err:
 from optkit.onnx._backend import Backend, BackendRep, prepare, run_model, run_node
 from optkit.onnx._convert import InputInfo, to_graph
 from optkit.onnx._errors import TensorTooLargeError, UnsupportedOpError
-from optkit.onnx._files import load_model
+from optkit.onnx._files import ModelSource, load_model
 from optkit.onnx._limits import GRADIENT_DEPTH_CEILING, MAX_GRADIENT_DEPTH, default_max_tensor_bytes
 from optkit.onnx._ops import supported_ops
 
@@ -64,6 +64,7 @@ __all__ = [
     "GRADIENT_DEPTH_CEILING",
     "InputInfo",
     "MAX_GRADIENT_DEPTH",
+    "ModelSource",
     "TensorTooLargeError",
     "UnsupportedOpError",
     "default_max_tensor_bytes",

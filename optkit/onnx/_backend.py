@@ -54,7 +54,7 @@ class BackendRep(onnx.backend.base.BackendRep):
 
     Loading (at construction) reads and checks the model and maps every node
     (see :func:`optkit.onnx.to_graph`), so an unsupported operator or an
-    invalid node fails here. :meth:`run` checks the feeds against the
+    invalid node fails here. :meth:`~optkit.onnx.BackendRep.run` checks the feeds against the
     declared graph inputs (dtype exactly, as ONNX Runtime does; every fixed
     dimension; a symbolic dimension the same size wherever it appears) before
     anything runs, then calls the compiled graph: the first call for a new
@@ -437,7 +437,8 @@ def run_model(model: ModelSource, inputs: Any, device: str = "CPU", *, jit: bool
       The outputs in ``graph.output`` order (a named tuple of NumPy arrays).
 
     Raises:
-      As :func:`prepare` and :meth:`BackendRep.run`.
+      ValueError, TypeError, TensorTooLargeError, UnsupportedOpError: as
+        :func:`prepare` and :meth:`~optkit.onnx.BackendRep.run`.
 
     Source: ``onnx.backend.base.Backend.run_model``.
 
@@ -466,7 +467,8 @@ def run_node(node: onnx.NodeProto, inputs: Any, device: str = "CPU", **kwargs: A
       The node's outputs (a named tuple of NumPy arrays).
 
     Raises:
-      As :func:`prepare` and :meth:`BackendRep.run`.
+      ValueError, TypeError, TensorTooLargeError, UnsupportedOpError: as
+        :func:`prepare` and :meth:`~optkit.onnx.BackendRep.run`.
 
     Source: ``onnx.backend.base.Backend.run_node``.
 

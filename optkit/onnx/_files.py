@@ -18,6 +18,7 @@ from optkit.onnx._ops._values import DTYPES, dtype_name
 __all__ = ["ModelSource", "load_model", "read_model", "tensors_of"]
 
 ModelSource = onnx.ModelProto | bytes | bytearray | memoryview | str | os.PathLike[str] | IO[bytes]
+"""What optkit.onnx loads a model from: a ``ModelProto``, its serialized bytes, a path, or a binary file object."""
 
 
 def load_model(model: ModelSource, *, base_dir: str | os.PathLike[str] | None = None,

@@ -252,8 +252,8 @@ def scale_by_adafactor(
         (learning rate)), >= 0.
       b1: the first-moment decay (the paper's ``beta_1``), in [0, 1), or None
         (default: no first moment, and no state for it).
-      decay_rate, eps1, factored, factored_dims, min_dim_size_to_factor,
-        nu_dtype: as :func:`scale_by_factored_rms`.
+      decay_rate, eps1, factored, factored_dims, min_dim_size_to_factor, nu_dtype: as
+        :func:`scale_by_factored_rms`.
       eps2: the paper's ``epsilon_2``, the floor of the parameter scale
         (default 1e-3), >= 0.
       clipping_threshold: the paper's ``d`` (default 1), > 0, or None for no

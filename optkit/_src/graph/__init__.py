@@ -43,10 +43,10 @@ class Graph:
 
     Graph inputs (fed at evaluation) and initializers (constant tensors, which
     a feed of the same name may override when the name is also an input) are
-    the leaves. :meth:`add` appends a node computing named tensors with a JAX
-    callable; :meth:`add_gradient` appends an ONNX Gradient node. Nodes may be
+    the leaves. :meth:`~optkit.Graph.add` appends a node computing named tensors with a JAX
+    callable; :meth:`~optkit.Graph.add_gradient` appends an ONNX Gradient node. Nodes may be
     added in any order (a node may read a tensor produced by a later node);
-    :meth:`validate`, run by every evaluation, checks the whole graph.
+    :meth:`~optkit.Graph.validate`, run by every evaluation, checks the whole graph.
 
     A tensor is an array or any pytree of arrays (e.g. Flax parameters), so a
     Flax module's ``apply`` is a node like any other. Evaluation runs only the
@@ -59,14 +59,14 @@ class Graph:
         ``(shape, dtype)`` pair (shape entries may be None for a free
         dimension), or to anything with ``.shape`` and ``.dtype`` (e.g.
         ``jax.ShapeDtypeStruct``); feeds are checked against declared ones.
-      outputs: names of the graph outputs, the default of :meth:`evaluate`
-        and :meth:`as_function`. None: every node output no node reads.
+      outputs: names of the graph outputs, the default of :meth:`~optkit.Graph.evaluate`
+        and :meth:`~optkit.Graph.as_function`. None: every node output no node reads.
       initializers: a mapping from names to constant tensors.
 
     Raises:
       TypeError, ValueError: a name that is empty, not a string, or declared twice;
         an input spec that is not None, ``(shape, dtype)`` or shaped and typed
-        (see :meth:`add_input`); ``initializers`` that is not a mapping.
+        (see :meth:`~optkit.Graph.add_input`); ``initializers`` that is not a mapping.
 
     Source: SPEC section 6; the ONNX graph (IR) model of inputs, initializers and nodes.
 
@@ -232,7 +232,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
             name already defined. Errors that need the whole graph (``y`` never
             computed, a name in ``xs``/``zs`` not in the graph, ``xs + zs`` not
             independent or not determining ``y``, cycles) are raised by
-            :meth:`validate`, and so by evaluation.
+            :meth:`~optkit.Graph.validate`, and so by evaluation.
         """
         xs, zs, y, fed, outputs = check_gradient_node(xs, zs, y, inputs, outputs)
         if name is None:
@@ -258,7 +258,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
 
     @property
     def outputs(self) -> tuple[str, ...]:
-        """The graph outputs: the declared ones, else every node output no node reads."""
+        """Names of the graph outputs; the declared ones, else every node output no node reads."""
         if self._outputs is not None:
             return self._outputs
         nodes = self._tensors.nodes
@@ -280,7 +280,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         """Check the whole graph; every evaluation calls this (cached until the graph changes).
 
         Raises:
-          ValueError, naming the tensor (and node): a node input, a declared
+          ValueError: (naming the tensor and the node) a node input, a declared
             output or a Gradient's ``y``/``xs``/``zs``/input that no graph
             input, initializer or node defines; a cycle; a Gradient whose
             ``xs + zs`` are not independent (one is computed from others) or
@@ -324,7 +324,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
           ValueError: a feed that is not a graph input or initializer, or that
             does not match the input's declared shape or dtype; a graph input
             the outputs need that is not fed; an invalid graph
-            (:meth:`validate`); an integer or boolean value fed for a
+            (:meth:`~optkit.Graph.validate`); an integer or boolean value fed for a
             Gradient's ``xs``.
           TypeError: ``feeds`` is not a mapping.
         """
@@ -361,7 +361,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
           ``as_function`` again.
 
         Raises:
-          ValueError: as :meth:`evaluate`, at once for names and graph errors,
+          ValueError: as :meth:`~optkit.Graph.evaluate`, at once for names and graph errors,
             at call time for values; also a wrong number of values.
         """
         inputs = self.inputs if inputs is None else check_names("inputs", inputs)

@@ -140,8 +140,8 @@ def check_feed(name: str, value: Any, shape: Sequence[Any] | None, dtype: Any, *
     ``.shape``/``.dtype`` (pytrees fed to an :class:`optkit.Graph`) pass.
 
     Raises:
-      TypeError (``exact``, ONNX's rule: no implicit conversion) or ValueError:
-        a dtype other than the declared one.
+      TypeError: a dtype other than the declared one, with ``exact`` (ONNX's
+        rule: no implicit conversion); a ValueError without it.
       ValueError: another rank, or another size on a fixed dimension.
     """
     if dtype is not None and hasattr(value, "dtype") and jnp.dtype(value.dtype) != jnp.dtype(dtype):

@@ -13,7 +13,7 @@ __all__ = ["GraphNode", "GradientNode", "Node", "name_of", "check_gradient_node"
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class GraphNode:
-    """A node ``outputs <- fn(inputs)`` of a :class:`Graph`; made by :meth:`Graph.add`.
+    """A node ``outputs <- fn(inputs)`` of a :class:`Graph`; made by :meth:`~optkit.Graph.add`.
 
     Attributes:
       fn: a JAX-traceable callable. With ``keywords=None`` it is called with
@@ -56,11 +56,12 @@ class GraphNode:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class GradientNode:
-    """An ONNX Gradient node of a :class:`Graph`; made by :meth:`Graph.add_gradient`.
+    """An ONNX Gradient node of a :class:`Graph`; made by :meth:`~optkit.Graph.add_gradient`.
 
     Attributes:
-      xs, zs, y: the ONNX attributes: the differentiated inputs, the fixed
-        inputs, and the target tensor of the sub-graph (SPEC 6).
+      xs: ONNX attribute ``xs``: the differentiated inputs of the sub-graph (SPEC 6).
+      zs: ONNX attribute ``zs``: its fixed inputs.
+      y: ONNX attribute ``y``: its target tensor.
       inputs: names of the tensors fed for ``xs + zs`` (in that order); the
         gradient is taken at their values.
       outputs: one name per ``xs``: output i is ``dy/d(xs[i])``; ``""`` is not produced.
