@@ -24,7 +24,8 @@ _CODE = re.compile(r">>>|\bimport\b|\bdef\b|\blambda\b|\breturn\b|\bfor\b|\[|\]|
 
 
 def _identifier(token: str) -> str:
-    """``G_reg`` -> ``G_{\\mathrm{reg}}``, ``X_{t-1}`` -> ``X_{t-1}``, ``decay_factor`` -> ``\\mathrm{decay\\_factor}``."""
+    """An identifier in LaTeX: ``G_reg`` -> ``G_{\\mathrm{reg}}``, ``b2_t`` -> ``b_{2,t}``, ``X_{t-1}`` as it is,
+    ``decay_factor`` -> ``\\mathrm{decay\\_factor}``, ``alpha`` -> ``\\alpha``."""
     numbered = re.fullmatch(r"([A-Za-z]+?)(\d+)(?:_(\w+))?", token)
     if numbered:  # b1, eps1, b2_t: a symbol with a number, and maybe a step, as subscripts
         head, digit, step = numbered.groups()
