@@ -36,6 +36,7 @@ complex state dtypes. Element-wise optimizers also run on ``FlatParams``.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import chex
 import jax
@@ -618,3 +619,86 @@ def test_scalar_and_empty_trees(name, kwargs, tree):
     assert jax.tree.structure(updates) == jax.tree.structure(tree)
     assert all(np.all(np.isfinite(u)) for u in jax.tree.leaves(updates))
     assert int(optax.tree.get(state, "count")) == 1
+
+
+# ---------------------------------------------------------------------------
+# optax/schedules/_inject_test.py: test_hyperparam_dtypes and test_hyperparam_default_dtype, over every
+# optkit transformation with decay rates (b1=0.9, b2=0.95, as Optax's tests take them).
+
+DECAY_FACTORIES = {
+    "scale_by_dml_adam": (optkit.scale_by_dml_adam, dict(b1=0.9, b2=0.95)),
+    "adam": (optkit.adam, dict(learning_rate=0.1, b1=0.9, b2=0.95)),
+    "adafactor": (optkit.adafactor, dict(b1=0.9)),
+    "scale_by_adafactor": (optkit.scale_by_adafactor, dict(b1=0.9)),
+}
+
+
+def _inject(factory, **kwargs):
+    """optax.inject_hyperparams, with Adafactor's structural option static (it decides the state's shape)."""
+    static = ("min_dim_size_to_factor",) if "factored_dims" in inspect.signature(factory).parameters else ()
+    return optax.inject_hyperparams(factory, static_args=static, **kwargs)
+
+
+@pytest.mark.parametrize("hyperparam_dtype, param_dtype, grad_dtype", [
+    (jnp.bfloat16, jnp.float32, jnp.bfloat16), (jnp.bfloat16, jnp.float32, jnp.float32),
+    (jnp.float32, jnp.bfloat16, jnp.bfloat16), (jnp.float32, jnp.float32, jnp.bfloat16),
+    (jnp.float32, jnp.bfloat16, jnp.float32)])
+@pytest.mark.parametrize("name", list(DECAY_FACTORIES))
+def test_hyperparam_dtypes(name, hyperparam_dtype, param_dtype, grad_dtype):
+    """The hyperparam_dtype override is honoured: bfloat16 decays (0.8984375, 0.94921875) are valid, and
+    the update runs in float32 from their values."""
+    factory, kwargs = DECAY_FACTORIES[name]
+    optim = _inject(factory, hyperparam_dtype=hyperparam_dtype)(**kwargs)
+    params = [jnp.ones((1, 2), dtype=param_dtype), jnp.ones(2, dtype=param_dtype), jnp.ones((1, 1, 1), param_dtype)]
+    grads = jax.tree.map(lambda x: x.astype(grad_dtype), params)
+    state = jax.jit(optim.init)(params)
+    for key in kwargs:
+        if key != "learning_rate":
+            assert state.hyperparams[key].dtype == hyperparam_dtype
+    updates, state = jax.jit(optim.update)(grads, state, params)
+    for key in kwargs:
+        if key != "learning_rate":
+            assert state.hyperparams[key].dtype == hyperparam_dtype
+    assert all(bool(jnp.all(jnp.isfinite(u))) for u in jax.tree.leaves(updates))
+    # The same numbers as the decays' values given as float32 (what they are in bfloat16).
+    values = {k: (jnp.asarray(v, hyperparam_dtype).astype(jnp.float32) if k != "learning_rate" else v)
+              for k, v in kwargs.items()}
+    want, _ = factory(**values).update(grads, factory(**values).init(params), params)
+    for got, expected in zip(jax.tree.leaves(updates), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected, np.float32), rtol=1e-2)
+
+
+@pytest.mark.parametrize("param_dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("name", list(DECAY_FACTORIES))
+def test_hyperparam_default_dtype(name, param_dtype):
+    """The default hyperparameter dtype follows the parameters' (bfloat16 too), and explicit dtypes stay."""
+    factory, kwargs = DECAY_FACTORIES[name]
+    decays = [k for k in kwargs if k != "learning_rate"]
+    params = [jnp.ones((1, 2), dtype=param_dtype), jnp.ones(2, dtype=param_dtype)]
+    for given in (kwargs, {k: jnp.asarray(v) if k in decays else v for k, v in kwargs.items()}):
+        optim = _inject(factory)(**given)
+        state = jax.jit(optim.init)(params)
+        assert all(state.hyperparams[k].dtype == param_dtype for k in decays)
+        jax.jit(optim.update)(params, state, params)
+    mixed = dict(kwargs, b1=jnp.array(0.9, dtype=jnp.float32))
+    if "b2" in kwargs:
+        mixed["b2"] = jnp.asarray(0.95, dtype=jnp.bfloat16)
+    state = jax.jit(_inject(factory)(**mixed).init)(params)
+    assert state.hyperparams["b1"].dtype == jnp.float32
+    if "b2" in kwargs:
+        assert state.hyperparams["b2"].dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("name", list(DECAY_FACTORIES))
+def test_a_16_bit_decay_that_rounds_out_of_range_is_an_error_and_a_traced_one_gives_nan(name):
+    """0.999 is 1.0 in bfloat16: refused when its value is known, NaN updates (never silent zeros) when traced."""
+    factory, kwargs = DECAY_FACTORIES[name]
+    key = "b2" if "b2" in kwargs else "b1"
+    bad = dict(kwargs, **{key: 0.999})
+    params = {"w": jnp.ones((3, 2), jnp.float32)}
+    optim = _inject(factory, hyperparam_dtype=jnp.bfloat16)(**bad)
+    with pytest.raises(ValueError, match=f"{key} is the bfloat16 value 1.0, outside \\[0, 1\\)"):
+        optim.update(params, optim.init(params), params)
+    state = jax.jit(optim.init)(params)
+    updates, _ = jax.jit(optim.update)(params, state, params)
+    assert bool(jnp.all(jnp.isnan(updates["w"])))

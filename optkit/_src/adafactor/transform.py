@@ -97,6 +97,9 @@ class _Adafactor:
         xs = [None] * len(grads) if params is None else treedef.flatten_up_to(params)
         mus = [None] * len(grads) if mu is None else treedef.flatten_up_to(mu)
         scalars = _step_scalars(count, self.learning_rate, self.decay_rate)
+        options = self.options
+        if options.b1 is not None:  # a traced b1 outside [0, 1) gives NaN updates, never silent ones
+            options = options._replace(b1=hyperparams.nan_unless_decays(jnp.asarray(options.b1), options.b1))
         new_updates, new_nu, new_mu = [], [], []
         for g, node, x, m in zip(grads, nodes, xs, mus):
             g = jnp.asarray(g)
@@ -111,7 +114,7 @@ class _Adafactor:
                 split = any(sharding.may_be_split(a) for a in (g, *node))
             b2, lr = scalars(dtype)
             update, nu_leaf, m_new = fast.leaf_step(
-                g, x, node, m, axes=axes, b2=b2, lr=lr, options=self.options,
+                g, x, node, m, axes=axes, b2=b2, lr=lr, options=options,
                 multiply_by_parameter_scale=self.multiply_by_parameter_scale, guard=self.guard, dtype=dtype,
                 split=split)
             new_updates.append(update.astype(g.dtype if x is None else x.dtype))
