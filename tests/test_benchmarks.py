@@ -6,6 +6,8 @@ RESULTS table is made of.
 
 import json
 
+import pytest
+
 from benchmarks import run
 
 
@@ -40,3 +42,6 @@ def test_quick_run_writes_json_with_every_column(tmp_path, capsys):
     many = {c["label"]: c for c in results["cases"][1]["candidates"]}
     assert many["optkit.adam FlatParams"]["hlo_kernels"] < many["optkit.adam per leaf"]["hlo_kernels"]
 
+
+# Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').
+pytestmark = pytest.mark.slow

@@ -72,7 +72,7 @@ def test_every_public_function_has_a_docstring_example():
     for module in (optkit, optkit.ops, optkit.onnx):
         for name in module.__all__:
             obj = getattr(module, name)
-            if callable(obj) and not isinstance(obj, type(sys)) and ">>>" not in (obj.__doc__ or ""):
+            if (inspect.isfunction(obj) or inspect.isclass(obj)) and ">>>" not in (obj.__doc__ or ""):
                 if not isinstance(obj, type) or not hasattr(obj, "_fields"):  # NamedTuple states: attributes only
                     missing.append(f"{module.__name__}.{name}")
     exempt = {"optkit.onnx.UnsupportedOpError", "optkit.onnx.TensorTooLargeError", "optkit.onnx.InputInfo",
@@ -196,3 +196,7 @@ def test_the_api_reference_renders_every_public_name_as_html(tmp_path):
     # Formulas are typeset (MathJax, shipped with the pages), not left as code.
     assert 'class="math' in (out / "adagrad.html").read_text(encoding="utf-8")
     assert (out / "_static" / "mathjax").is_dir()
+
+
+# Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').
+pytestmark = pytest.mark.slow

@@ -1,6 +1,7 @@
 """The examples run end to end (with few steps: these are smoke tests, not accuracy checks)."""
 
 import numpy as np
+import pytest
 
 from examples import quickstart
 
@@ -16,3 +17,7 @@ def test_quickstart_runs_and_learns(tmp_path):
         assert np.mean(r["losses"][-5:]) < r["losses"][0]
         assert r["state_bytes"] > 0
     assert (tmp_path / "quickstart_loss.png").stat().st_size > 0
+
+
+# Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').
+pytestmark = pytest.mark.slow

@@ -229,3 +229,7 @@ else:
             if any(s is not None for s in spec):
                 assert not leaf.sharding.is_fully_replicated, where
         assert_close(nn.unbox((state.params, state.opt_state)), nn.unbox((plain.params, plain.opt_state)))
+
+
+# Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').
+pytestmark = pytest.mark.slow

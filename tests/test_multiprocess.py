@@ -144,3 +144,7 @@ def test_a_dead_or_stalled_worker_stops_the_run_and_leaves_no_process(tmp_path, 
     assert ("exited with 3" in result.stderr) if fault.startswith("exit") else ("did not finish" in result.stderr)
     assert seconds < 60
     assert not _leftovers(str(tmp_path))
+
+
+# Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').
+pytestmark = pytest.mark.slow

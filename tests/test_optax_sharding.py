@@ -90,3 +90,7 @@ else:
             _, state2 = tx.update(params, state0, params)
             _, state3 = jax.jit(tx.update)(params, state0, params)
             chex.assert_trees_all_equal(jax.tree.map(jax.typeof, state2), jax.tree.map(jax.typeof, state3))
+
+
+# Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').
+pytestmark = pytest.mark.slow

@@ -438,3 +438,7 @@ else:
         sharded = jax.device_put(jnp.ones(8), NamedSharding(make_mesh(), P("model")))
         with pytest.raises(ValueError, match=r"leaf at \['w'\] is sharded over 8 devices"):
             optkit.FlatParams.from_tree({"w": sharded, "b": jnp.ones(2)})
+
+
+# Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').
+pytestmark = pytest.mark.slow

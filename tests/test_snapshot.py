@@ -92,3 +92,7 @@ def test_same_numbers_as_the_snapshot(name):
         if field in removed:
             continue
         _assert_identical(name, field, np.asarray(got[field]), value)
+
+
+# Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').
+pytestmark = pytest.mark.slow

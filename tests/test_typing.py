@@ -43,3 +43,7 @@ def test_readme_style_user_code_passes_strict_pyright():
     errors = [f"{d['range']['start']['line'] + 1}: {d['message']}" for d in report["generalDiagnostics"]
               if d["severity"] == "error"]
     assert not errors, "\n".join(errors)
+
+
+# Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').
+pytestmark = pytest.mark.slow
