@@ -154,6 +154,7 @@ def plot(runs, path: str) -> None:
     ax.set_ylabel("cross-entropy (nats per character)")
     ax.set_title("Character-level transformer on pydoc_data.topics")
     ax.grid(alpha=0.3)
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -161,18 +162,19 @@ def plot(runs, path: str) -> None:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--steps", type=int, default=300, help="training steps per optimizer")
-    parser.add_argument("--batch-size", type=int, default=32, help="sequences per step (default 32)")
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=3)
-    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=32, help="sequences per step")
+    parser.add_argument("--seq-len", type=int, default=64, help="tokens (characters) per sequence")
+    parser.add_argument("--d-model", type=int, default=128, help="model width")
+    parser.add_argument("--layers", type=int, default=3, help="transformer blocks")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads per block")
     parser.add_argument("--adam-lr", type=float, default=2e-3, help="optkit.adam's learning rate")
     parser.add_argument("--adafactor-lr", type=float, default=None,
-                        help="optkit.adafactor's learning_rate (default: the paper's rho_t)")
-    parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--seed", type=int, default=0)
+                        help="optkit.adafactor's learning_rate; None: the paper's relative step rho_t")
+    parser.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and batches")
     parser.add_argument("--out", default=OUT_DIR, help="folder for the PNG")
     args = parser.parse_args(argv)
 

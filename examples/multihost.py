@@ -43,6 +43,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out", "multihost")
@@ -69,6 +70,8 @@ def parse_args(argv=None):
     parser.add_argument("--devices-per-process", type=int, default=4, help="CPU devices per process (default 4)")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds before every worker is killed (default 300)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show the collectives library's connection lines ([Gloo] ...) too")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -101,6 +104,15 @@ def _kill(procs) -> None:
         proc.wait()
 
 
+def _forward(stream, verbose: bool) -> None:
+    """Copy a worker's stdout to ours, without Gloo's per-peer connection lines unless ``verbose``."""
+    for line in iter(stream.readline, b""):
+        if verbose or not line.startswith(b"[Gloo]"):
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+    stream.close()
+
+
 def launch(args, argv) -> int:
     """Start the workers and wait for all of them; 0 if every worker succeeded."""
     env = dict(os.environ)
@@ -112,10 +124,14 @@ def launch(args, argv) -> int:
     with reserve_port() as sock:
         port = sock.getsockname()[1]
         command = [sys.executable, os.path.abspath(__file__), *argv, "--port", str(port)]
-        procs = []
+        procs, forwarders = [], []
         try:
             for i in range(args.processes):
-                procs.append(subprocess.Popen([*command, "--worker", str(i)], env=env, start_new_session=True))
+                procs.append(subprocess.Popen([*command, "--worker", str(i)], env=env, start_new_session=True,
+                                              stdout=subprocess.PIPE))
+                forwarders.append(threading.Thread(target=_forward, args=(procs[-1].stdout, args.verbose),
+                                                   daemon=True))
+                forwarders[-1].start()
             deadline = time.monotonic() + args.timeout
             while True:
                 codes = [proc.poll() for proc in procs]
@@ -131,6 +147,8 @@ def launch(args, argv) -> int:
                 time.sleep(0.05)
         finally:
             _kill(procs)
+            for thread in forwarders:
+                thread.join(timeout=5)
 
 
 # ------------------------------------------------------------------ the model (also the tests' one-device reference)
@@ -291,6 +309,7 @@ def worker(args) -> None:
             ax.plot(values, label=f"optkit.{name}")
         ax.set(xlabel="step", ylabel="training loss", title=f"{jax.process_count()} processes, mesh "
                f"{dict(mesh.shape)}")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend()
         fig.tight_layout()
         fig.savefig(os.path.join(out, "multihost_loss.png"), dpi=100)

@@ -195,14 +195,18 @@ def plot(losses, accuracies, args, path: str) -> str:
     ax.plot([float(v) for v in losses], lw=0.8, label="training loss (batch)")
     ax.set(xlabel="step", ylabel="softmax cross-entropy", title=f"ONNX training graph with {args.optimizer}, "
            f"run by optkit.onnx")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    handles, labels = ax.get_legend_handles_labels()
     if accuracies:
         twin = ax.twinx()
         twin.plot(*zip(*accuracies), "o-", color="C1", label="test accuracy")
         twin.set_ylabel("test accuracy")
         twin.set_ylim(0, 1)
-    ax.legend(loc="center right")
+        more = twin.get_legend_handles_labels()  # the twin axis's line, in the same legend
+        handles, labels = handles + more[0], labels + more[1]
+    ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     print(f"wrote {path}")
     return path

@@ -151,19 +151,22 @@ def plot(results, path):
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (10-step moving average)")
     ax.set_title("MLP on scikit-learn digits")
-    ax.legend()
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend(title="a dashed curve hidden under a solid one: the two are equal", title_fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--steps", type=int, default=800, help="training steps per optimizer")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
+    parser.add_argument("--batch-size", type=int, default=64, help="examples per step")
+    parser.add_argument("--hidden", type=int, default=128, help="width of the two hidden layers")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights, split and batches")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"),
+                        help="folder for the PNG and JSON")
     args = parser.parse_args(argv)
 
     data = load_data(args.seed)

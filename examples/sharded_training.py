@@ -174,16 +174,17 @@ def _rerun_with_simulated_devices(argv) -> None:
 
 
 def main(argv=None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--steps", type=int, default=40, help="training steps per optimizer")
-    parser.add_argument("--batch-size", type=int, default=16, help="global batch, split along 'data' (default 16)")
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=16, help="global batch, split along 'data'")
+    parser.add_argument("--seq-len", type=int, default=64, help="tokens per sequence")
+    parser.add_argument("--d-model", type=int, default=128, help="model width")
+    parser.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads per block")
     parser.add_argument("--adam-lr", type=float, default=2e-3, help="optkit.adam's learning rate")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default 0)")
-    parser.add_argument("--out", default=OUT_DIR, help="folder for the PNG (default examples/out)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and batches")
+    parser.add_argument("--out", default=OUT_DIR, help="folder for the PNG")
     args = parser.parse_args(argv)
 
     if len(devices()) < NUM_DEVICES:
@@ -261,9 +262,11 @@ def plot(runs, path: str, mesh) -> None:
         ax.plot(run["losses"], label=f"{run['name']} (state {held:,} B/device)",
                 ls="--" if run["name"].startswith("nnx") else "-")
     ax.set(xlabel="step", ylabel="training loss", title=f"data- and model-parallel on mesh {dict(mesh.shape)}")
-    ax.legend(fontsize=8)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    # Below the axes: inside them the legend covered the first steps (Adam's early spike).
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     print(f"wrote {path}")
 

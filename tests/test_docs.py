@@ -57,6 +57,28 @@ def test_readme_python_block_runs_as_written(index, tmp_path):
 MODULES = ["optkit"] + sorted(m.name for m in pkgutil.walk_packages(optkit.__path__, "optkit."))
 
 
+DOC_PAGES = sorted(p for p in os.listdir(os.path.join(ROOT, "docs")) if p.endswith(".md")
+                   and re.search(r"^```python\n", open(os.path.join(ROOT, "docs", p), encoding="utf-8").read(), re.M))
+
+
+@pytest.mark.parametrize("page", DOC_PAGES)
+def test_docs_page_python_blocks_run_as_written(page, tmp_path):
+    """Each ```python block of a docs page, in order, in one fresh interpreter (the page's reader)."""
+    text = open(os.path.join(ROOT, "docs", page), encoding="utf-8").read()
+    code = "\n\n".join(re.findall(r"^```python\n(.*?)^```", text, re.S | re.M))
+    if "onnx" in code:
+        pytest.importorskip("onnx")
+    if "flax" in code:
+        pytest.importorskip("flax")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300, env=_env())
+    assert result.returncode == 0, f"docs/{page}:\n{result.stderr[-3000:]}"
+
+
+def test_the_docs_have_python_blocks_to_run():
+    assert {"index.md", "getting-started.md", "gradient.md", "onnx.md"} <= set(DOC_PAGES)
+
+
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples_are_doctests_that_pass(name):
     module = importlib.import_module(name)

@@ -127,6 +127,7 @@ def test_two_processes_train_checkpoint_and_restore(tmp_path):
     result, _ = _launch(tmp_path)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-10000:]
     assert "restored bit for bit onto mesh" in result.stdout  # the workers' own check, on another mesh
+    assert "[Gloo]" not in result.stdout  # the per-peer connection lines only with --verbose
     assert not _leftovers(str(tmp_path))
     for name in multihost.OPTIMIZERS:
         _check_equal_one_device(tmp_path, name)
