@@ -9,7 +9,8 @@ those of a published specification (see SPEC.md):
 - :func:`momentum` — ONNX ``ai.onnx.preview.training::Momentum``;
 - :func:`gradient` and :class:`Graph` — ONNX ``ai.onnx.preview.training::Gradient``
   on named tensors, as nested ``jax.vjp``;
-- :func:`adafactor` — Adafactor (Shazeer & Stern 2018), with sublinear memory.
+- :func:`adafactor` — Adafactor (Shazeer & Stern 2018), with sublinear memory;
+  :func:`t5x_adafactor` — the same algorithm with T5X's arguments and factor rules.
 
 The specs' own operators, with their inputs and outputs, are in :mod:`optkit.ops`.
 
@@ -31,6 +32,8 @@ from optkit._src.adafactor import (
     factored_axes,
     scale_by_adafactor,
     scale_by_factored_rms,
+    t5x_adafactor,
+    t5x_standard_logical_factor_rules,
 )
 from optkit._src.adagrad import ScaleByOnnxAdagradState, adagrad, scale_by_onnx_adagrad
 from optkit._src.adam import ScaleByDmlAdamState, adam, scale_by_dml_adam
@@ -61,6 +64,8 @@ __all__ = [
     "FactoredSecondMoment",
     "FullSecondMoment",
     "factored_axes",
+    "t5x_adafactor",
+    "t5x_standard_logical_factor_rules",
     "gradient",
     "Graph",
     "GraphNode",

@@ -147,3 +147,196 @@ class PaperAdafactor:
             self.X[k] = x - step
             deltas[k] = -step
         return deltas
+
+
+# --------------------------------------------------------------------------- T5X's Adafactor
+#
+# An independent NumPy transcription of T5X's Adafactor, written from reading google-research/t5x,
+# file t5x/adafactor.py at commit cc342d419ec3e3e9c4bf1df33c82330cafdc1e16 (2026-04-21):
+# ``Adafactor._parse_rule``, ``_factored_dims``, ``init_param_state``, ``apply_param_gradient``,
+# ``apply_gradient`` and ``set_param_axes``. Parameters are a flat dict from the "/"-joined path to an
+# array (T5X's flatten_dict_string_keys); rules use the strings "row", "col", "batch", None; the
+# (1,) placeholders T5X keeps for absent statistics are kept here too (as None), since they carry no
+# numbers. Arithmetic in float32, as T5X runs it on float32 parameters.
+
+T5X_ROW, T5X_COL, T5X_BATCH, T5X_NONE, T5X_HEURISTIC = "row", "col", "batch", None, "heuristic"
+
+# standard_logical_factor_rules() of t5x/adafactor.py, in this file's vocabulary.
+T5X_STANDARD_RULES = {
+    "vocab": T5X_COL, "embed": T5X_ROW, "mlp": T5X_COL, "heads": T5X_COL, "kv": T5X_COL, "joined_kv": T5X_COL,
+    "relpos_buckets": T5X_NONE, "layers": T5X_BATCH, "stack": T5X_BATCH, "q_wi_fused": T5X_COL,
+    "o_wo_fused": T5X_COL, "multiquery_heads": T5X_COL, "kv_fused": T5X_COL, "layer_norm_scale": T5X_NONE,
+    "mlp_activations": T5X_COL,
+}
+
+
+class T5XAdafactor:
+    """T5X's ``Adafactor`` optimizer definition, step by step, on NumPy arrays."""
+
+    def __init__(self, learning_rate, factored=True, multiply_by_parameter_scale=True, beta1=None, decay_rate=0.8,
+                 step_offset=0, clipping_threshold=1.0, weight_decay_rate=None, min_dim_size_to_factor=128,
+                 epsilon1=1e-30, epsilon2=1e-3, dtype_momentum=np.float32, factor_map=None,
+                 logical_factor_rules=None, weight_decay_rate_lr_exponent=None, global_norm_clip_threshold=None,
+                 max_parameter_scale=None, skip_nan_updates=False):
+        if not factored and factor_map is not None:
+            raise ValueError("factored is False but factor rules are given")
+        self.hp = dict(learning_rate=learning_rate, factored=factored,
+                       multiply_by_parameter_scale=multiply_by_parameter_scale, beta1=beta1, decay_rate=decay_rate,
+                       step_offset=step_offset, clipping_threshold=clipping_threshold,
+                       weight_decay_rate=weight_decay_rate, min_dim_size_to_factor=min_dim_size_to_factor,
+                       epsilon1=epsilon1, epsilon2=epsilon2, logical_factor_rules=logical_factor_rules,
+                       weight_decay_rate_lr_exponent=weight_decay_rate_lr_exponent,
+                       global_norm_clip_threshold=global_norm_clip_threshold,
+                       max_parameter_scale=max_parameter_scale, skip_nan_updates=skip_nan_updates)
+        self.factor_map = factor_map  # list of (regex, rule) (HParamMap), or a dict path -> rule
+        self.dtype_momentum = dtype_momentum
+
+    # -- rules
+    def _lookup(self, table, path):
+        import re
+
+        if isinstance(table, dict):
+            return table[path]
+        for pattern, value in table:
+            if re.search(pattern, path):
+                return value
+        raise KeyError(path)
+
+    def set_param_axes(self, param_logical_axes):
+        """``param_logical_axes``: path -> tuple of logical names."""
+        rules = self.hp["logical_factor_rules"]
+        if rules is None:
+            return
+        table = {}
+        for path, axes in param_logical_axes.items():
+            roles = tuple(rules[a] for a in axes)
+            if T5X_ROW in roles and T5X_COL in roles and T5X_NONE in roles:
+                raise ValueError(f"incomplete adafactor spec {roles} for {axes}")
+            if T5X_ROW not in roles or T5X_COL not in roles:
+                roles = tuple(T5X_NONE if r in (T5X_ROW, T5X_COL) else r for r in roles)
+            table[path] = roles
+        self.factor_map = table
+
+    def _rule(self, path):
+        if not self.hp["factored"]:
+            return None
+        return self._lookup(self.factor_map, path) if self.factor_map else T5X_HEURISTIC
+
+    @staticmethod
+    def _parse_rule(rule, shape):
+        """(averaging dims, factored dims: None, T5X_HEURISTIC or (row dims, col dims))."""
+        ndim = len(shape)
+        if rule is None:
+            return tuple(range(ndim)), None
+        if rule == T5X_HEURISTIC:
+            if ndim > 2:
+                raise ValueError(f"rank {ndim} needs an explicit rule")
+            return tuple(range(ndim)), T5X_HEURISTIC
+        if len(rule) != ndim:
+            raise ValueError("rule of the wrong rank")
+        rows = tuple(i for i, r in enumerate(rule) if r == T5X_ROW)
+        cols = tuple(i for i, r in enumerate(rule) if r == T5X_COL)
+        batch = tuple(i for i, r in enumerate(rule) if r == T5X_BATCH)
+        averaging = tuple(i for i in range(ndim) if i not in batch)
+        factored = None if (rows, cols) == ((), ()) else (rows, cols)
+        if ndim <= 2 and not batch:  # the fall-back to the heuristic
+            return tuple(range(ndim)), T5X_HEURISTIC
+        return averaging, factored
+
+    def _heuristic_dims(self, shape):
+        if not self.hp["factored"] or len(shape) < 2:
+            return None
+        order = np.argsort(shape)
+        if shape[order[-2]] < self.hp["min_dim_size_to_factor"]:
+            return None
+        return (int(order[-2]),), (int(order[-1]),)
+
+    def _dims(self, path, shape):
+        averaging, factored = self._parse_rule(self._rule(path), shape)
+        if factored == T5X_HEURISTIC:
+            factored = self._heuristic_dims(shape)
+        return averaging, factored
+
+    # -- state
+    def init(self, params):
+        state = {}
+        for path, p in params.items():
+            _, factored = self._dims(path, p.shape)
+            s = dict(v_row=None, v_col=None, v=None, m=None)
+            if factored is not None:
+                rows, cols = factored
+                s["v_row"] = np.zeros(np.delete(p.shape, cols), np.float32)
+                s["v_col"] = np.zeros(np.delete(p.shape, rows), np.float32)
+            else:
+                s["v"] = np.zeros(p.shape, np.float32)
+            if self.hp["beta1"] is not None:
+                s["m"] = np.zeros(p.shape, self.dtype_momentum)
+            state[path] = s
+        return {"step": 0, "param_states": state}
+
+    # -- one step
+    def _param_step(self, step, p, s, g, path, learning_rate):
+        hp = self.hp
+        f32 = np.float32
+        wd = hp["weight_decay_rate"]
+        if hp["weight_decay_rate_lr_exponent"]:
+            wd = (wd or 1.0) * learning_rate ** hp["weight_decay_rate_lr_exponent"]
+        averaging, factored = self._dims(path, p.shape)
+        g = g.astype(f32)
+        t = f32(step - hp["step_offset"]) + f32(1)
+        decay = f32(1) - t ** f32(-hp["decay_rate"])
+        mixing = f32(1) - decay
+        scale = f32(learning_rate)
+        by_scale = hp["multiply_by_parameter_scale"]
+        if not isinstance(by_scale, bool):
+            by_scale = self._lookup(by_scale, path)
+        if by_scale:
+            param_scale = np.sqrt(np.mean(p * p, axis=averaging, keepdims=True))
+            param_scale = np.maximum(param_scale, f32(hp["epsilon2"]))
+            if hp["max_parameter_scale"] is not None:
+                param_scale = np.minimum(param_scale, f32(hp["max_parameter_scale"]))
+            scale = scale * param_scale
+        g2 = g * g + f32(hp["epsilon1"])
+        new = dict(v_row=None, v_col=None, v=None, m=None)
+        if factored is not None:
+            rows, cols = factored
+            new["v_row"] = decay * s["v_row"] + mixing * np.mean(g2, axis=cols)
+            new["v_col"] = decay * s["v_col"] + mixing * np.mean(g2, axis=rows)
+            rows_in_v_row = tuple(d - sum(1 for e in cols if e < d) for d in rows)
+            row_mean = np.mean(new["v_row"], axis=rows_in_v_row, keepdims=True)
+            row_factor = (new["v_row"] / row_mean) ** f32(-0.5)
+            col_factor = new["v_col"] ** f32(-0.5)
+            y = g * np.expand_dims(row_factor, cols) * np.expand_dims(col_factor, rows)
+        else:
+            new["v"] = decay * s["v"] + mixing * g2
+            y = g * new["v"] ** f32(-0.5)
+        if hp["clipping_threshold"] is not None:
+            y = y / np.maximum(f32(1), np.sqrt(np.mean(y * y, axis=averaging, keepdims=True))
+                               / f32(hp["clipping_threshold"]))
+        subtrahend = scale * y
+        if hp["beta1"] is not None:
+            m = f32(hp["beta1"]) * s["m"].astype(f32) + (f32(1) - f32(hp["beta1"])) * subtrahend
+            subtrahend = m
+            new["m"] = m.astype(self.dtype_momentum)
+        new_p = ((f32(1) - f32(wd)) * p - subtrahend) if wd is not None else p - subtrahend
+        if hp["skip_nan_updates"]:
+            for k in new:
+                if new[k] is not None:
+                    new[k] = np.where(np.isnan(new[k]), s[k], new[k])
+            new_p = np.where(np.isnan(new_p), p, new_p)
+        return new_p.astype(p.dtype), new
+
+    def apply(self, params, state, grads, learning_rate=None):
+        """One ``apply_gradient``: new (params, state). ``learning_rate``: this step's, if scheduled."""
+        lr = self.hp["learning_rate"] if learning_rate is None else learning_rate
+        grads = dict(grads)
+        threshold = self.hp["global_norm_clip_threshold"]
+        if threshold:
+            norm = np.float32(np.sqrt(np.sum([np.sum(np.square(g, dtype=np.float32)) for g in grads.values()])))
+            factor = np.float32(threshold) * np.minimum(np.float32(1 / threshold), np.float32(1) / norm)
+            grads = {k: g * factor for k, g in grads.items()}
+        new_params, new_states = {}, {}
+        for path, p in params.items():
+            new_params[path], new_states[path] = self._param_step(
+                state["step"], p, state["param_states"][path], grads[path], path, lr)
+        return new_params, {"step": state["step"] + 1, "param_states": new_states}

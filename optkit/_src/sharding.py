@@ -149,20 +149,30 @@ def full_like(p, fill_value, dtype=None) -> jax.Array:
     return _zeros_from(p, dtype) + jnp.asarray(fill_value).astype(dtype)
 
 
-def _without_axis(sharding, axis: int, ndim: int) -> NamedSharding | None:
-    """A ``NamedSharding`` of an ``ndim`` array, for the array with ``axis`` removed.
+def _axes(axis: int | tuple[int, ...]) -> tuple[int, ...]:
+    """One axis or several, as a tuple from the last to the first (so deleting them in order is safe)."""
+    return tuple(sorted({axis} if isinstance(axis, (int, np.integer)) else set(axis), reverse=True))
+
+
+def _delete(entries: list, axis: int | tuple[int, ...]) -> list:
+    for a in _axes(axis):
+        del entries[a]
+    return entries
+
+
+def _without_axis(sharding, axis: int | tuple[int, ...], ndim: int) -> NamedSharding | None:
+    """A ``NamedSharding`` of an ``ndim`` array, for the array with ``axis`` (one or several) removed.
 
     None for other shardings (one device, or kinds without a ``PartitionSpec``):
     the new array then gets the default placement.
     """
     if not isinstance(sharding, NamedSharding):
         return None
-    entries = _spec_entries(sharding.spec, ndim)
-    del entries[axis]
+    entries = _delete(_spec_entries(sharding.spec, ndim), axis)
     return NamedSharding(sharding.mesh, PartitionSpec(*entries), memory_kind=sharding.memory_kind)
 
 
-def zeros_without_axis(p, axis: int, dtype=None) -> jax.Array:
+def zeros_without_axis(p, axis: int | tuple[int, ...], dtype=None) -> jax.Array:
     """Zeros of ``p``'s shape with ``axis`` removed, sharded as ``p`` is with that axis removed.
 
     For ``p`` sharded ``P(a, b)`` this is ``P(b)`` for ``axis=0`` and ``P(a)``
@@ -170,18 +180,17 @@ def zeros_without_axis(p, axis: int, dtype=None) -> jax.Array:
     statistics that Adafactor's step computes by reductions keep it. A
     ``jax.ShapeDtypeStruct`` ``p`` gives concrete zeros with its sharding reduced so.
     """
+    shape = tuple(_delete(list(p.shape), axis))
     if _is_abstract(p):
-        shape = p.shape[:axis] + p.shape[axis + 1 :]
         return jnp.zeros(shape, dtype or p.dtype, device=_without_axis(p.sharding, axis, len(p.shape)))
     p = jnp.asarray(p)
     dtype = p.dtype if dtype is None else dtype
-    shape = p.shape[:axis] + p.shape[axis + 1 :]
     if not isinstance(p, jax.core.Tracer):
         return jnp.zeros(shape, dtype, device=_without_axis(getattr(p, "sharding", None), axis, p.ndim))
     if _on_mesh(p):
         # A reduction of p over the axis: XLA (Auto axes) and the types (Explicit axes) drop the axis from
         # p's sharding. The sum of zeros over a sharded axis costs one vector all-reduce, once.
-        return jnp.sum(_zeros_from(p, dtype), axis=axis, dtype=dtype)
+        return jnp.sum(_zeros_from(p, dtype), axis=_axes(axis), dtype=dtype)
     return jnp.zeros(shape, dtype)
 
 
@@ -241,7 +250,7 @@ def unbox(x: Any) -> Any:
 _PER_AXIS_METADATA = ("out_sharding", "optimizer_sharding", "sharding_names", "sharding")
 
 
-def _drop_entry(spec: Any, axis: int, ndim: int) -> Any:
+def _drop_entry(spec: Any, axis: int | tuple[int, ...], ndim: int) -> Any:
     """A per-axis sharding annotation of an ``ndim`` array, for the array with ``axis`` removed.
 
     Tuples, lists and ``PartitionSpec``s lose their entry ``axis`` (a short
@@ -249,17 +258,15 @@ def _drop_entry(spec: Any, axis: int, ndim: int) -> Any:
     other kind gives None (no annotation), never a wrong one.
     """
     if isinstance(spec, NamedSharding):
-        entries = _spec_entries(spec.spec, ndim)
-        del entries[axis]
+        entries = _delete(_spec_entries(spec.spec, ndim), axis)
         return NamedSharding(spec.mesh, PartitionSpec(*entries), memory_kind=spec.memory_kind)
     if isinstance(spec, (PartitionSpec, tuple, list)):
-        entries = list(spec) + [None] * (ndim - len(spec))
-        del entries[axis]
+        entries = _delete(list(spec) + [None] * (ndim - len(spec)), axis)
         return PartitionSpec(*entries) if isinstance(spec, PartitionSpec) else type(spec)(entries)
     return None
 
 
-def rebox(box: Any, value: Any, *, drop_axis: int | None = None) -> Any:
+def rebox(box: Any, value: Any, *, drop_axis: int | tuple[int, ...] | None = None) -> Any:
     """``value`` in a box like ``box`` (same type and metadata); with ``drop_axis``, the metadata
     of an array with that axis of ``box``'s value removed.
 
@@ -280,10 +287,12 @@ def rebox(box: Any, value: Any, *, drop_axis: int | None = None) -> Any:
                    for k in _PER_AXIS_METADATA if metadata.get(k) is not None}
         return box.replace(value, **dropped)
     names = getattr(box, "names", None)
-    if names is None or drop_axis >= len(names):
+    if names is None or max(_axes(drop_axis)) >= len(names):
         return treedef.unflatten([value])
     partition_name = getattr(sys.modules.get("flax.core.meta"), "PARTITION_NAME", "partition_name")
-    reduced = box.remove_axis(drop_axis, {partition_name: names[drop_axis]})
+    reduced = box
+    for a in _axes(drop_axis):
+        reduced = reduced.remove_axis(a, {partition_name: names[a]})
     return reduced.replace_boxed(value)
 
 

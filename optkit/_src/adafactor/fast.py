@@ -58,6 +58,7 @@ class Options(NamedTuple):
       clipping_threshold: ``d``; None: no update clipping.
       b1: the first-moment decay; None: no first moment.
       weight_decay_rate: decoupled weight decay; None: none.
+      max_parameter_scale: the ceiling of the parameter scale (T5X); None: none.
     """
 
     eps1: Any
@@ -65,6 +66,7 @@ class Options(NamedTuple):
     clipping_threshold: Any
     b1: Any
     weight_decay_rate: Any
+    max_parameter_scale: Any = None
 
 
 class _Static(NamedTuple):
@@ -76,10 +78,12 @@ class _Static(NamedTuple):
     multiply_by_parameter_scale: bool
     guard: bool  # eps1 may be 0: divisions by statistics are guarded
     loop: tuple[int, int, int]  # (LOOP_MIN_SIZE, WIDE_COLUMNS, BLOCK_ELEMENTS), read at each call
+    batch_ndim: int = 0  # leading axes never averaged over: RMS(X), RMS(U) and the clipping per slice
+    decay_by_alpha: bool = True  # weight decay scaled by the step size (the paper's; T5X: False)
 
 
 def leaf_step(g, x, nu, m, *, axes, b2, lr, options: Options, multiply_by_parameter_scale: bool, guard: bool,
-              dtype, split: bool):
+              dtype, split: bool, batch_ndim: int = 0, decay_by_alpha: bool = True):
     """SPEC 5 for one tensor: ``(update, new statistics, new first moment)``, with ``X_t = X_{t-1} - update``.
 
     Args:
@@ -89,6 +93,11 @@ def leaf_step(g, x, nu, m, *, axes, b2, lr, options: Options, multiply_by_parame
       b2, lr: the step's ``b2_t`` and ``rho_t`` (or learning rate), in ``dtype``.
       options: the hyperparameters; multiply_by_parameter_scale, guard: switches.
       dtype: the compute dtype; split: whether the leaf is, or may be, sharded.
+      batch_ndim: the leading axes that are batch axes (factor rules): each
+        slice is its own tensor for ``RMS(X)``, ``RMS(U)`` and the clipping
+        (the statistics are per leading index anyway).
+      decay_by_alpha: whether weight decay is scaled by ``alpha_t`` (the
+        paper's, Hugging Face's) or not (T5X's).
 
     Traced once per distinct leaf (shapes, dtypes, switches): the
     hyperparameters are arguments (they may be traced under
@@ -96,7 +105,7 @@ def leaf_step(g, x, nu, m, *, axes, b2, lr, options: Options, multiply_by_parame
     """
     numbers = Options(*(None if v is None else jnp.asarray(v, dtype) for v in options))
     static = _Static(axes, np.dtype(dtype), bool(split), bool(multiply_by_parameter_scale), bool(guard),
-                     (LOOP_MIN_SIZE, WIDE_COLUMNS, BLOCK_ELEMENTS))
+                     (LOOP_MIN_SIZE, WIDE_COLUMNS, BLOCK_ELEMENTS), int(batch_ndim), bool(decay_by_alpha))
     return _leaf_step_jit(g, x, nu, m, b2, lr, numbers, static=static)
 
 
@@ -104,16 +113,21 @@ def leaf_step(g, x, nu, m, *, axes, b2, lr, options: Options, multiply_by_parame
 def _leaf_step_jit(g, x, nu, m, b2, lr, o: Options, *, static: _Static):
     dtype, axes = static.dtype, static.axes
     x_for_scale = x if static.multiply_by_parameter_scale else None
+    nb = static.batch_ndim
+    size = int(np.prod(g.shape[nb:]))  # the elements of one slice (of the whole leaf without batch axes)
     if axes is None:
-        moments = _full_moments(g, x_for_scale, nu, b2, o.eps1, static.guard, dtype)
+        moments = _full_moments(g, x_for_scale, nu, b2, o.eps1, static.guard, dtype, nb)
     else:
         moments = _factored_moments(g, x_for_scale, nu, b2, o.eps1, *axes, static, dtype)
     alpha = lr                                                                  # alpha_t
     if static.multiply_by_parameter_scale:
-        alpha = lr * jnp.maximum(jnp.asarray(o.eps2, dtype), _rms(moments.sum_x2, g.size, dtype))
+        parameter_scale = jnp.maximum(jnp.asarray(o.eps2, dtype), _rms(moments.sum_x2, size, dtype))
+        if o.max_parameter_scale is not None:
+            parameter_scale = jnp.minimum(parameter_scale, jnp.asarray(o.max_parameter_scale, dtype))
+        alpha = lr * parameter_scale
     scale = alpha
     if o.clipping_threshold is not None:                                        # update clipping
-        rms_u = _rms(moments.sum_u2, g.size, dtype)
+        rms_u = _rms(moments.sum_u2, size, dtype)
         scale = alpha / jnp.maximum(jnp.asarray(1, dtype), rms_u / jnp.asarray(o.clipping_threshold, dtype))
     update = _normalized(g, moments, axes, scale, dtype)                         # alpha_t * U_t
     m_new = None
@@ -122,7 +136,8 @@ def _leaf_step_jit(g, x, nu, m, b2, lr, o: Options, *, static: _Static):
         update = b1 * m.astype(dtype) + (1 - b1) * update
         m_new = update
     if o.weight_decay_rate is not None:
-        update = update + (jnp.asarray(o.weight_decay_rate, dtype) * alpha) * x.astype(dtype)
+        rate = jnp.asarray(o.weight_decay_rate, dtype)
+        update = update + (rate * alpha if static.decay_by_alpha else rate) * x.astype(dtype)
     return update, moments.nu, m_new
 
 
@@ -140,6 +155,14 @@ class _Moments(NamedTuple):
 
 def _rms(sum_sq, size, dtype):
     return jnp.sqrt(sum_sq / jnp.asarray(max(size, 1), dtype))
+
+
+def _sum(a, batch_ndim: int):
+    """The sum of ``a``: over everything (a scalar), or per slice of its ``batch_ndim`` leading axes
+    (kept, with the other axes of size 1, so that it broadcasts against the leaf)."""
+    if batch_ndim == 0:
+        return jnp.sum(a)
+    return jnp.sum(a, axis=tuple(range(batch_ndim, a.ndim)), keepdims=True)
 
 
 def _inverse(v, guard: bool):
@@ -166,19 +189,19 @@ def _ema(old, new_mean, b2, eps1):
     return b2 * old + (1 - b2) * (new_mean + eps1)
 
 
-def _full_moments(g, x, nu, b2, eps1, guard, dtype) -> _Moments:
+def _full_moments(g, x, nu, b2, eps1, guard, dtype, batch_ndim=0) -> _Moments:
     """New second moment, ``sum U^2`` and ``sum X^2`` for an unfactored leaf."""
     g = g.astype(dtype)
     v = _ema(nu.v.astype(dtype), g * g, b2, eps1)
     factor = _rsqrt(v, guard)
-    sum_u2 = jnp.sum(jnp.square(g * factor))
-    sum_x2 = None if x is None else jnp.sum(jnp.square(x.astype(dtype)))
+    sum_u2 = _sum(jnp.square(g * factor), batch_ndim)
+    sum_x2 = None if x is None else _sum(jnp.square(x.astype(dtype)), batch_ndim)
     return _Moments(FullSecondMoment(v), sum_u2, sum_x2, (factor,))
 
 
 def _factored_moments(g, x, nu, b2, eps1, row, col, static: _Static, dtype) -> _Moments:
     """New row/column statistics, ``sum U^2`` and ``sum X^2`` for a factored leaf, by platform."""
-    args = (g, x, nu, b2, eps1, row, col, static.guard, dtype)
+    args = (g, x, nu, b2, eps1, row, col, static.guard, dtype, static.batch_ndim)
     loop_min_size, wide_columns, block_elements = static.loop
     shape = g.shape
     loop = ({row, col} == {len(shape) - 2, len(shape) - 1} and shape[-2] >= 8
@@ -202,7 +225,7 @@ def _factors(v_row, v_col, row, col, guard):
     return _rsqrt(v_row, guard), _rsqrt(v_col, guard), jnp.expand_dims(jnp.sqrt(mean_r), col)
 
 
-def _factored_plain(g, x, nu, b2, eps1, row, col, guard, dtype, separate=False) -> _Moments:
+def _factored_plain(g, x, nu, b2, eps1, row, col, guard, dtype, batch_ndim=0, separate=False) -> _Moments:
     """The statistics pass as reductions, each over one or two axes of ``G``.
 
     ``sum U^2 = sum_others mean(r) * sum_ij G_ij^2 / (r_i c_j)``: one reduction
@@ -217,8 +240,8 @@ def _factored_plain(g, x, nu, b2, eps1, row, col, guard, dtype, separate=False) 
     factors = _factors(v_row, v_col, row, col, guard)
     g_u, row_factor, col_factor = barrier((g, factors[0], factors[1]))
     unit = (g_u * jnp.expand_dims(row_factor, col)) * jnp.expand_dims(col_factor, row)  # G / sqrt(r_i c_j)
-    sum_u2 = jnp.sum(factors[2] ** 2 * jnp.sum(unit * unit, axis=(row, col), keepdims=True))
-    sum_x2 = None if x is None else jnp.sum(jnp.square(x.astype(dtype)))
+    sum_u2 = _sum(factors[2] ** 2 * jnp.sum(unit * unit, axis=(row, col), keepdims=True), batch_ndim)
+    sum_x2 = None if x is None else _sum(jnp.square(x.astype(dtype)), batch_ndim)
     return _Moments(FactoredSecondMoment(v_row, v_col), sum_u2, sum_x2, factors)
 
 
@@ -256,10 +279,18 @@ def _column_sums_blocked(g, x, inv_inner, dtype, block_elements):
         return sums
 
     sums = matrix(0)[None] if num_matrices == 1 else lax.map(matrix, jnp.arange(num_matrices))
-    return sums[:, 0], sums[:, 1], None if x is None else jnp.sum(sums[:, 2])
+    return sums[:, 0], sums[:, 1], None if x is None else sums[:, 2]
 
 
-def _factored_blocked(g, x, nu, b2, eps1, row, col, guard, dtype, block_elements) -> _Moments:
+def _per_matrix_sum(values, shape, batch_ndim: int):
+    """Per-matrix sums (one per index of the leading axes) summed as :func:`_sum` sums the leaf."""
+    if batch_ndim == 0:
+        return jnp.sum(values)
+    leading = values.reshape(shape[:-2])
+    return jnp.sum(leading, axis=tuple(range(batch_ndim, len(shape) - 2)), keepdims=True)[..., None, None]
+
+
+def _factored_blocked(g, x, nu, b2, eps1, row, col, guard, dtype, batch_ndim, block_elements) -> _Moments:
     """The statistics pass for a large or wide leaf whose factored axes are its last two (CPU).
 
     The leaf is P matrices (n, m). The statistic averaged over the contiguous
@@ -279,9 +310,10 @@ def _factored_blocked(g, x, nu, b2, eps1, row, col, guard, dtype, block_elements
     inner = _ema(inner_old, jnp.mean(gc * gc, axis=-1), b2, eps1)
     x3 = None if x is None else x.reshape(num_matrices, n, m)
     outer_sum, w, sum_x2 = _column_sums_blocked(g3, x3, _inverse(inner, guard), dtype, block_elements)
+    sum_x2 = None if sum_x2 is None else _per_matrix_sum(sum_x2, shape, batch_ndim)
     outer = _ema(outer_old, outer_sum / n, b2, eps1)
     mean_r = jnp.mean(inner if inner_is_row else outer, axis=-1)
-    sum_u2 = jnp.sum(mean_r * jnp.sum(w * _inverse(outer, guard), axis=-1))
+    sum_u2 = _per_matrix_sum(mean_r * jnp.sum(w * _inverse(outer, guard), axis=-1), shape, batch_ndim)
     if inner_is_row:
         v_row, v_col = inner.reshape(without(shape, col)), outer.reshape(without(shape, row))
     else:

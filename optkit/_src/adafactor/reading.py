@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from optkit._src import sharding, trees
-from optkit._src.adafactor.factoring import without
+from optkit._src.adafactor.rules import path_string
 from optkit._src.adafactor.state import FactoredSecondMoment, FullSecondMoment
 
 __all__ = ["read_second_moments"]
@@ -30,15 +30,17 @@ _NODE_FIELDS = {frozenset(FactoredSecondMoment._fields): FactoredSecondMoment,
 
 
 def read_second_moments(
-    nu: Any, updates: Any, expected_axes: Callable[[tuple[int, ...]], tuple[int, int] | None], transformation: str,
+    nu: Any, updates: Any, expected: Callable[[str, tuple[int, ...], Node], Any], transformation: str,
 ) -> tuple[list[Node], Callable[[list[Node]], Any]]:
     """The statistics of every leaf of ``updates``, and a function that writes new ones back.
 
     Args:
       nu: the state's statistics, in any container.
       updates: the gradients.
-      expected_axes: ``shape -> (row, col)``: the factored axes a leaf of that
-        shape has, to check the statistics' shapes.
+      expected: ``(path, shape, node) -> (v_row shape, v_col shape)``, or
+        None for a full second moment: what the leaf at ``path`` (joined by
+        ``/``) needs, to check the statistics' shapes. ``node`` carries the
+        factor rule recorded at ``init``, when its type has one.
       transformation: the optimizer's name, in messages.
 
     Returns:
@@ -55,6 +57,7 @@ def read_second_moments(
     grads = sharding.leaves_with_paths(updates)
     index = {tuple(map(sharding.key_name, path)): i for i, (path, _) in enumerate(grads)}
     stats = sharding.leaves_with_paths(nu)
+    node_types = _node_types(nu)
     fields: list[dict[str, Any]] = [{} for _ in grads]
     slots = []
     for path, leaf in stats:
@@ -69,7 +72,8 @@ def read_second_moments(
                              f"not the statistics v, v_row or v_col of a leaf of updates")
         fields[i][field] = leaf
         slots.append((i, field))
-    nodes = [_node(found, np.shape(g), f"{transformation}: {name} at {trees.keystr(path)}", expected_axes)
+    nodes = [_node(found, node_types.get(tuple(map(sharding.key_name, path))), np.shape(g), path,
+                   f"{transformation}: {name} at {trees.keystr(path)}", expected)
              for (path, g), found in zip(grads, fields)]
     treedef = jax.tree.structure(nu)
 
@@ -79,10 +83,20 @@ def read_second_moments(
     return nodes, write
 
 
-def _node(found: dict[str, Any], shape: tuple[int, ...], where: str,
-          expected_axes: Callable[[tuple[int, ...]], tuple[int, int] | None]) -> Node:
-    """One leaf's statistics as a node, checked against the update's ``shape``."""
+def _node_types(nu: Any) -> dict[tuple[str, ...], type]:
+    """The statistics nodes' types that record a factor rule, by the path of their leaf."""
+    is_node = lambda x: isinstance(x, (FactoredSecondMoment, FullSecondMoment))  # noqa: E731
+    flat, _ = jax.tree_util.tree_flatten_with_path(nu, is_leaf=is_node)
+    return {tuple(map(sharding.key_name, path)): type(x) for path, x in flat
+            if is_node(x) and type(x).roles is not None}
+
+
+def _node(found: dict[str, Any], recorded: type | None, shape: tuple[int, ...], path: tuple[Any, ...], where: str,
+          expected: Callable[[str, tuple[int, ...], Node], Any]) -> Node:
+    """One leaf's statistics as a node (of the type ``init`` recorded, if any), checked against ``shape``."""
     node_type = _NODE_FIELDS.get(frozenset(found))
+    if node_type is not None and recorded is not None and issubclass(recorded, node_type):
+        node_type = recorded
     if node_type is None:
         raise ValueError(
             f"{where} does not match updates: expected the statistics v (unfactored) or v_row and "
@@ -90,15 +104,14 @@ def _node(found: dict[str, Any], shape: tuple[int, ...], where: str,
             f"state made for other parameters?"
         )
     node = node_type(**found)
-    if node_type is FullSecondMoment:
+    if issubclass(node_type, FullSecondMoment):
         if np.shape(node.v) != shape:
             raise ValueError(f"{where}: v has shape {np.shape(node.v)} but the update has shape {shape}")
         return node
-    axes = expected_axes(shape)
-    expected = None if axes is None else (without(shape, axes[1]), without(shape, axes[0]))
+    want = expected(path_string(path), shape, node)
     got = (np.shape(node.v_row), np.shape(node.v_col))
-    if expected != got:
+    if want != got:
         raise ValueError(f"{where}: factored statistics of shapes {got} do not fit an update of shape {shape} "
-                         f"(expected {expected})")
+                         f"(expected {want})")
     return node
 

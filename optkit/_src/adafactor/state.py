@@ -12,6 +12,7 @@ is. Reading a state back from the containers Flax and Orbax hand over is
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from optkit._src import sharding
+from optkit._src.adafactor.rules import Plan, path_string
 
 __all__ = [
     "FactoredSecondMoment",
@@ -26,6 +28,7 @@ __all__ = [
     "ScaleByFactoredRmsState",
     "ScaleByAdafactorState",
     "init_second_moments",
+    "with_roles",
 ]
 
 
@@ -42,11 +45,14 @@ class FactoredSecondMoment(NamedTuple):
         ``a`` removed.
 
     Both keep the leaf's other axes in their order, so a sharding of the leaf
-    maps onto them by dropping one axis.
+    maps onto them by dropping one axis. Under a factor rule (SPEC 5b) the
+    row statistics drop every column axis and the column statistics every row
+    axis, and the node's type records the rule (:func:`with_roles`).
     """
 
     v_row: jax.Array
     v_col: jax.Array
+    roles = None  # a factor rule's per-axis roles, on the types with_roles makes
 
 
 class FullSecondMoment(NamedTuple):
@@ -57,6 +63,7 @@ class FullSecondMoment(NamedTuple):
     """
 
     v: jax.Array
+    roles = None
 
 
 class ScaleByFactoredRmsState(NamedTuple):
@@ -90,16 +97,49 @@ class ScaleByAdafactorState(NamedTuple):
     mu: Any
 
 
-def init_second_moments(params: Any, axes_of: Callable[[tuple[int, ...]], tuple[int, int] | None],
-                        nu_dtype: Any) -> Any:
-    """Zero statistics for every leaf of ``params``: factored over ``axes_of(shape)``, or full when None."""
+@functools.cache
+def with_roles(node_type: type, roles: tuple[str, ...]) -> type:
+    """A subtype of ``node_type`` (a statistics node) that records a factor rule's per-axis ``roles``.
 
-    def leaf(p):
+    The rule is part of the node's type, so it is part of the state's pytree
+    structure: it survives ``jax.jit``, ``nnx.Optimizer`` (which hands the
+    state back as plain arrays, without the parameters' Flax metadata the
+    rule may have come from) and restoring into a target made by ``init``.
+    """
+    return type(node_type.__name__, (node_type,), {"__slots__": (), "roles": tuple(roles),
+                                                   "__module__": node_type.__module__,
+                                                   "__doc__": node_type.__doc__})
+
+
+Layout = Plan | tuple[int, int] | None
+
+
+def init_second_moments(params: Any, layout_of: Callable[[str, tuple[int, ...], Any], Layout],
+                        nu_dtype: Any) -> Any:
+    """Zero statistics for every leaf of ``params``.
+
+    ``layout_of(path, shape, box)`` says how: a :class:`Plan` (a factor rule),
+    ``(row, col)`` axes, or None (a full second moment); ``box`` is the
+    parameter's Flax box (for its metadata) or None.
+    """
+
+    def leaf(path, p):
         box = p if sharding.is_box(p) else None
         p = sharding.unbox(p)
         p = p if isinstance(p, jax.ShapeDtypeStruct) else jnp.asarray(p)
         dtype = nu_dtype or p.dtype
-        axes = axes_of(p.shape)
+        axes = layout_of(path_string(path), tuple(p.shape), box)
+        if isinstance(axes, Plan):
+            plan = axes
+            if not plan.factored:
+                return with_roles(FullSecondMoment, plan.roles)(
+                    sharding.rebox(box, sharding.full_like(p, 0, dtype)))
+            rows = tuple(i for i, r in enumerate(plan.roles) if r == "row")
+            cols = tuple(i for i, r in enumerate(plan.roles) if r == "column")
+            return with_roles(FactoredSecondMoment, plan.roles)(
+                v_row=sharding.rebox(box, sharding.zeros_without_axis(p, cols, dtype), drop_axis=cols),
+                v_col=sharding.rebox(box, sharding.zeros_without_axis(p, rows, dtype), drop_axis=rows),
+            )
         if axes is None:
             return FullSecondMoment(sharding.rebox(box, sharding.full_like(p, 0, dtype)))
         row, col = axes
@@ -108,4 +148,4 @@ def init_second_moments(params: Any, axes_of: Callable[[tuple[int, ...]], tuple[
             v_col=sharding.rebox(box, sharding.zeros_without_axis(p, row, dtype), drop_axis=row),
         )
 
-    return jax.tree.map(leaf, params, is_leaf=sharding.is_box)
+    return jax.tree_util.tree_map_with_path(leaf, params, is_leaf=sharding.is_box)

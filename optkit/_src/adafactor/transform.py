@@ -8,6 +8,8 @@ computes the step's scalars ``b2_t`` and ``rho_t`` once per dtype, and runs
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -15,10 +17,12 @@ from jax.typing import DTypeLike
 
 from optkit._src import flat, hyperparams, sharding, trees
 from optkit._src.adafactor import fast
-from optkit._src.adafactor.factoring import check_factoring, concrete_min_dim_size, factored_axes
+from optkit._src.adafactor.factoring import check_factoring, concrete_min_dim_size, factored_axes, without
 from optkit._src.adafactor.reading import read_second_moments
+from optkit._src.adafactor.rules import HEURISTIC, Plan, Rules, metadata_names, path_string, plan_of
 from optkit._src.adafactor.state import (
     FactoredSecondMoment,
+    FullSecondMoment,
     ScaleByAdafactorState,
     ScaleByFactoredRmsState,
     init_second_moments,
@@ -34,7 +38,7 @@ def _b2(count, decay_rate, dtype):
     return 1 - t ** (-jnp.asarray(decay_rate, dtype))
 
 
-def _step_scalars(count, learning_rate, decay_rate):
+def _step_scalars(count, learning_rate, decay_rate, step_offset=0):
     """The step's ``(b2_t, lr_t)`` per dtype, for the update with ``t = count + 1``: computed once per step.
 
     ``lr_t`` is ``rho_t = min(1e-2, 1/sqrt(t))`` when ``learning_rate`` is None
@@ -45,7 +49,8 @@ def _step_scalars(count, learning_rate, decay_rate):
     value = learning_rate(count) if callable(learning_rate) else learning_rate
 
     def scalars(dtype):
-        b2 = _b2(count, decay_rate, dtype)
+        b2 = _b2(count if isinstance(step_offset, int) and step_offset == 0 else count - step_offset,
+                 decay_rate, dtype)
         if value is None:
             t = count.astype(dtype) + 1
             return b2, jnp.minimum(jnp.asarray(1e-2, dtype), 1 / jnp.sqrt(t))
@@ -58,31 +63,72 @@ class _Adafactor:
     """One Adafactor transformation's options, and its init and update (shared by both public forms)."""
 
     def __init__(self, name, *, learning_rate, decay_rate, options: fast.Options, multiply_by_parameter_scale,
-                 factored, factored_dims, min_dim_size_to_factor, mu_dtype, nu_dtype, params_reason):
+                 factored, factored_dims, min_dim_size_to_factor, mu_dtype, nu_dtype, params_reason,
+                 rules: Rules | None = None, t5x: bool = False, step_offset=0, skip_nan_updates=False,
+                 global_norm_clip_threshold=None):
         self.name = name
         self.learning_rate = learning_rate
         self.decay_rate = decay_rate
         self.options = options
-        self.multiply_by_parameter_scale = multiply_by_parameter_scale
+        self.rules = rules or Rules(multiply_by_parameter_scale=bool(multiply_by_parameter_scale))
         self.factored, self.factored_dims, self.min_dim = factored, factored_dims, min_dim_size_to_factor
         self.mu_dtype, self.nu_dtype = mu_dtype, nu_dtype
         self.params_reason = params_reason
         self.guard = not is_concrete_positive(options.eps1)
+        # T5X's reading (t5x_adafactor): heuristic factoring only for rank <= 2, rules of rank <= 2 without a
+        # batch axis fall back to it, factored=False ignores the rules, weight decay is not scaled by alpha_t.
+        self.t5x = t5x
+        self.step_offset, self.skip_nan, self.clip_norm = step_offset, skip_nan_updates, global_norm_clip_threshold
+
+    def _heuristic(self, path: str, shape: tuple[int, ...], min_dim: int | None):
+        if self.t5x and len(shape) > 2:
+            raise ValueError(f"{self.name}: the parameter {path!r} of shape {shape} has rank > 2 and needs a "
+                             f"factor rule (factor_map, or logical_factor_rules with its axes' names)")
+        if min_dim is None:  # at update: the statistics' shapes say whether init factored it
+            return factored_axes(shape, factored=True, factored_dims=self.factored_dims)
+        return factored_axes(shape, factored=self.factored, factored_dims=self.factored_dims,
+                             min_dim_size_to_factor=min_dim)
+
+    def layout(self, path: str, shape: tuple[int, ...], names=None, min_dim: int | None = None):
+        """How the parameter at ``path`` is factored: a :class:`Plan`, ``(row, col)`` axes or None (full)."""
+        if not self.rules.any or (self.t5x and not self.factored):
+            return self._heuristic(path, shape, min_dim) if self.factored or not self.t5x else None
+        rule = self.rules.roles(path, len(shape), names)
+        if rule is None:
+            return None
+        if rule == HEURISTIC:
+            return self._heuristic(path, shape, min_dim)
+        if self.t5x and len(shape) <= 2 and "batch" not in rule:
+            return self._heuristic(path, shape, min_dim)  # T5X's fall-back (it logs a warning)
+        if not self.factored:
+            rule = tuple("none" if r in ("row", "column") else r for r in rule)
+        return plan_of(rule, shape, f"{self.name}: {path!r}")
 
     def init_nu(self, params):
         flat.refuse_flat(params, self.name)
         trees.check_floating(params, "params")
         min_dim = concrete_min_dim_size(self.min_dim)
-        return init_second_moments(params, lambda shape: factored_axes(
-            shape, factored=self.factored, factored_dims=self.factored_dims, min_dim_size_to_factor=min_dim),
-            self.nu_dtype)
+        return init_second_moments(
+            params, lambda path, shape, box: self.layout(path, shape, metadata_names(box), min_dim), self.nu_dtype)
 
-    def step(self, updates, count, nu, mu, params):
-        """``(updates, new nu, new mu)`` for the update with ``t = count + 1``."""
+    def _layout_at_update(self, path: str, shape: tuple[int, ...], node):
+        roles = type(node).roles
+        if roles is not None:
+            return plan_of(roles, shape, f"{self.name}: {path!r}")
+        return self.layout(path, shape)
+
+    def _expected(self, path: str, shape: tuple[int, ...], node):
+        layout = self._layout_at_update(path, shape, node)
+        if isinstance(layout, Plan):
+            return (layout.stat_shape("column"), layout.stat_shape("row")) if layout.factored else None
+        return None if layout is None else (without(shape, layout[1]), without(shape, layout[0]))
+
+    def step(self, updates, count, nu, mu, params, options=None):
+        """``(updates, new nu, new mu)`` for the update with ``t = count + 1`` (``options``: this step's, if
+        they differ from the transformation's)."""
         flat.refuse_flat(updates, self.name)
         trees.check_floating(updates, "updates")
-        nodes, write_nu = read_second_moments(nu, updates, lambda shape: factored_axes(
-            shape, factored=True, factored_dims=self.factored_dims), self.name)
+        nodes, write_nu = read_second_moments(nu, updates, self._expected, self.name)
         if self.options.b1 is not None:
             if mu is None:
                 raise ValueError("state.mu is None but b1 is set: the state was made with b1=None")
@@ -94,35 +140,86 @@ class _Adafactor:
             trees.check_params(params, updates)
         treedef = jax.tree.structure(updates)
         grads = treedef.flatten_up_to(updates)
+        paths = [path_string(path) for path, _ in sharding.leaves_with_paths(updates)]
+        if self.clip_norm is not None:  # T5X: g * d * min(1/d, 1/||g||) over every leaf, before the statistics
+            norm = jnp.sqrt(jnp.sum(jnp.array([jnp.sum(jnp.square(g)) for g in grads])))
+            d = jnp.asarray(self.clip_norm, jnp.result_type(norm, jnp.float32))
+            scale = d * jnp.minimum(1 / d, 1 / norm)
+            grads = [(jnp.asarray(g) * scale).astype(jnp.asarray(g).dtype) for g in grads]
         xs = [None] * len(grads) if params is None else treedef.flatten_up_to(params)
         mus = [None] * len(grads) if mu is None else treedef.flatten_up_to(mu)
-        scalars = _step_scalars(count, self.learning_rate, self.decay_rate)
-        options = self.options
+        scalars = _step_scalars(count, self.learning_rate, self.decay_rate, self.step_offset)
+        options = self.options if options is None else options
         if options.b1 is not None:  # a traced b1 outside [0, 1) gives NaN updates, never silent ones
             options = options._replace(b1=hyperparams.nan_unless_decays(jnp.asarray(options.b1), options.b1))
         new_updates, new_nu, new_mu = [], [], []
-        for g, node, x, m in zip(grads, nodes, xs, mus):
+        for path, g, node, x, m in zip(paths, grads, nodes, xs, mus):
             g = jnp.asarray(g)
             x = None if x is None else jnp.asarray(x)
             # A leaf runs in the promotion of its gradient's, statistics', parameter's and first moment's dtypes
             # with float32; every result is stored back in its own dtype.
             dtype = compute_dtype(g.dtype, *(leaf.dtype for leaf in node), None if x is None else x.dtype,
                                   None if m is None else m.dtype)
+            layout = self._layout_at_update(path, g.shape, node)
+            plan = layout if isinstance(layout, Plan) and layout.factored == isinstance(
+                node, FactoredSecondMoment) else None
             axes, split = None, False
-            if isinstance(node, FactoredSecondMoment):
-                axes = factored_axes(g.shape, factored=True, factored_dims=self.factored_dims)
+            if plan is not None:
+                g_, x_, m_, node_ = (None if a is None else _to_step(a, plan) for a in (g, x, m, node))
+                axes = (len(plan.shape) - 2, len(plan.shape) - 1) if plan.factored else None
+            else:
+                g_, x_, m_, node_ = g, x, m, node
+                if isinstance(node, FactoredSecondMoment):
+                    axes = factored_axes(g.shape, factored=True, factored_dims=self.factored_dims)
+            if axes is not None:
                 split = any(sharding.may_be_split(a) for a in (g, *node))
             b2, lr = scalars(dtype)
             update, nu_leaf, m_new = fast.leaf_step(
-                g, x, node, m, axes=axes, b2=b2, lr=lr, options=options,
-                multiply_by_parameter_scale=self.multiply_by_parameter_scale, guard=self.guard, dtype=dtype,
-                split=split)
+                g_, x_, node_, m_, axes=axes, b2=b2, lr=lr, options=options,
+                multiply_by_parameter_scale=self.rules.multiply_by_parameter_scale(path), guard=self.guard,
+                dtype=dtype, split=split, batch_ndim=0 if plan is None else plan.batch_ndim,
+                decay_by_alpha=not self.t5x)
+            if plan is not None:
+                update, m_new = (None if a is None else _from_step(a, plan) for a in (update, m_new))
+                nu_leaf = _from_step(nu_leaf, plan)
+            nu_leaf = type(node)(*(a.astype(b.dtype) for a, b in zip(nu_leaf, node)))
+            if self.skip_nan:  # T5X: an element that would become NaN keeps its previous value
+                update = jnp.where(jnp.isnan(update), jnp.zeros_like(update), update)
+                nu_leaf = type(node)(*(jnp.where(jnp.isnan(a), b, a) for a, b in zip(nu_leaf, node)))
+                if m_new is not None:
+                    m_new = jnp.where(jnp.isnan(m_new), m.astype(m_new.dtype), m_new)
             new_updates.append(update.astype(g.dtype if x is None else x.dtype))
-            new_nu.append(type(node)(*(a.astype(b.dtype) for a, b in zip(nu_leaf, node))))
+            new_nu.append(nu_leaf)
             if m_new is not None:
                 new_mu.append(m_new.astype(m.dtype))
         mu = None if self.options.b1 is None else treedef.unflatten(new_mu)
         return treedef.unflatten(new_updates), write_nu(new_nu), mu
+
+
+def _to_step(a, plan: Plan):
+    """A parameter-shaped array, or a statistics node, in the step's layout (batch, whole, rows, columns)."""
+    if isinstance(a, FactoredSecondMoment):
+        return FactoredSecondMoment(
+            jnp.transpose(a.v_row, plan.stat_perm("column")).reshape(plan.stat_step_shape("column")),
+            jnp.transpose(a.v_col, plan.stat_perm("row")).reshape(plan.stat_step_shape("row")))
+    if isinstance(a, FullSecondMoment):
+        return FullSecondMoment(_to_step(a.v, plan))
+    return jnp.transpose(a, plan.perm).reshape(plan.shape)
+
+
+def _from_step(a, plan: Plan):
+    """The inverse of :func:`_to_step`."""
+    def back(x, dropped):
+        kept = [axis for axis in plan.perm if plan.roles[axis] != dropped]
+        x = x.reshape(tuple(plan.param_shape[axis] for axis in kept))
+        order = sorted(range(len(kept)), key=lambda i: kept[i])  # the stored order: the parameter's
+        return jnp.transpose(x, order)
+
+    if isinstance(a, FactoredSecondMoment):
+        return FactoredSecondMoment(back(a.v_row, "column"), back(a.v_col, "row"))
+    if isinstance(a, FullSecondMoment):
+        return FullSecondMoment(_from_step(a.v, plan))
+    return back(a, None)
 
 
 def _check_nu(decay_rate, eps1, factored, factored_dims, min_dim_size_to_factor, nu_dtype):
@@ -140,6 +237,9 @@ def scale_by_factored_rms(
     factored_dims: str = "last",
     min_dim_size_to_factor: int = 1,
     nu_dtype: DTypeLike | None = None,
+    factor_map: Any = None,
+    logical_factor_rules: Any = None,
+    param_logical_axes: Any = None,
 ) -> optax.GradientTransformation:
     """Adafactor's normalised gradient ``U_t = G_t / sqrt(V_t)``, before clipping and step size.
 
@@ -177,6 +277,8 @@ def scale_by_factored_rms(
       nu_dtype: dtype of the statistics; None keeps each parameter's dtype.
         float32 for bfloat16 parameters costs little (the factored statistics
         are vectors) and keeps the averages precise.
+      factor_map, logical_factor_rules, param_logical_axes: factor rules
+        (SPEC 5b), as :func:`adafactor` takes them.
 
     Returns:
       An ``optax.GradientTransformation`` with state
@@ -199,11 +301,13 @@ def scale_by_factored_rms(
       ((3,), (4,))
     """
     nu_dtype = _check_nu(decay_rate, eps1, factored, factored_dims, min_dim_size_to_factor, nu_dtype)
+    rules = Rules(factor_map=factor_map, logical_factor_rules=logical_factor_rules,
+                  param_logical_axes=param_logical_axes, multiply_by_parameter_scale=False)
     # U_t alone: the Adafactor step with a unit step size, no parameter scale, no clipping.
     af = _Adafactor("scale_by_factored_rms", learning_rate=1, decay_rate=decay_rate,
                     options=fast.Options(eps1, None, None, None, None), multiply_by_parameter_scale=False,
                     factored=factored, factored_dims=factored_dims, min_dim_size_to_factor=min_dim_size_to_factor,
-                    mu_dtype=None, nu_dtype=nu_dtype, params_reason=None)
+                    mu_dtype=None, nu_dtype=nu_dtype, params_reason=None, rules=rules)
 
     def init_fn(params):
         return ScaleByFactoredRmsState(count=jnp.zeros([], jnp.int32), nu=af.init_nu(params))
@@ -233,6 +337,9 @@ def scale_by_adafactor(
     weight_decay_rate: float | None = None,
     mu_dtype: DTypeLike | None = None,
     nu_dtype: DTypeLike | None = None,
+    factor_map: Any = None,
+    logical_factor_rules: Any = None,
+    param_logical_axes: Any = None,
 ) -> optax.GradientTransformation:
     """The whole Adafactor step, as a positive quantity: ``X_t = X_{t-1} - update``.
 
@@ -266,6 +373,8 @@ def scale_by_adafactor(
       weight_decay_rate: decoupled weight decay ``w`` scaled by the step size,
         as Hugging Face's Adafactor (SPEC 5, Decision (weight decay)), >= 0, or None.
       mu_dtype: dtype of the first moment; None keeps each parameter's dtype.
+      factor_map, logical_factor_rules, param_logical_axes: factor rules
+        (SPEC 5b), as :func:`adafactor` takes them.
 
     Returns:
       An ``optax.GradientTransformation`` with state :class:`ScaleByAdafactorState`.
@@ -299,10 +408,13 @@ def scale_by_adafactor(
     else:
         params_reason = decay_reason
     options = fast.Options(eps1, eps2, clipping_threshold, b1, None if decay_reason is None else weight_decay_rate)
+    rules = Rules(factor_map=factor_map, logical_factor_rules=logical_factor_rules,
+                  param_logical_axes=param_logical_axes,
+                  multiply_by_parameter_scale=bool(multiply_by_parameter_scale))
     af = _Adafactor("scale_by_adafactor", learning_rate=learning_rate, decay_rate=decay_rate, options=options,
                     multiply_by_parameter_scale=bool(multiply_by_parameter_scale), factored=factored,
                     factored_dims=factored_dims, min_dim_size_to_factor=min_dim_size_to_factor, mu_dtype=mu_dtype,
-                    nu_dtype=nu_dtype, params_reason=params_reason)
+                    nu_dtype=nu_dtype, params_reason=params_reason, rules=rules)
 
     def init_fn(params):
         nu = af.init_nu(params)
@@ -333,6 +445,9 @@ def adafactor(
     weight_decay_rate: float | None = None,
     mu_dtype: DTypeLike | None = None,
     nu_dtype: DTypeLike | None = None,
+    factor_map: Any = None,
+    logical_factor_rules: Any = None,
+    param_logical_axes: Any = None,
 ) -> optax.GradientTransformation:
     """Adafactor exactly as Shazeer & Stern (ICML 2018) define it, with sublinear memory.
 
@@ -396,6 +511,28 @@ def adafactor(
         statistics overflow when the mean of ``G^2`` over a row or column
         reaches 65520 (an RMS gradient of 256), and the tensor's updates are
         NaN from then on (README "Precision").
+      factor_map: factor rules by path (SPEC 5b): ``(regex, rule)`` pairs,
+        ``re.search``-ed against the parameter's path joined by ``/`` (dict
+        keys, attribute names, indices), first match wins, no match is a
+        ``ValueError``. A rule is a tuple of per-axis roles, ``"row"``,
+        ``"column"`` (or ``"col"``), ``"batch"``, ``"none"`` (or None), one
+        per axis; ``"heuristic"`` (this optimizer's own factoring, as
+        without rules); or None (not factored). Several row (or column) axes
+        act as one; a ``"batch"`` axis is never averaged over: statistics,
+        ``RMS(X)``, ``RMS(U)`` and the clipping are per slice, so layers
+        stacked into one parameter train exactly as separate ones. Unlike
+        :func:`t5x_adafactor`, a rule is applied as given at every rank
+        (T5X falls back to its heuristic for rank <= 2 without a batch axis).
+      logical_factor_rules: a mapping from logical axis name to role (e.g.
+        :func:`t5x_standard_logical_factor_rules`), applied to each
+        parameter's axis names from ``param_logical_axes`` or, where not
+        given there, from its Flax metadata (``nnx.with_partitioning``,
+        ``nnx.vmap``/``nnx.scan`` with ``transform_metadata``, linen
+        ``nn.Partitioned``); it supersedes ``factor_map``. Names giving rows
+        but no columns (or the reverse) mean not factored, batch axes kept;
+        rows and columns with a ``"none"`` axis are a ``ValueError``.
+      param_logical_axes: a tree like the parameters of tuples of logical
+        names or ``PartitionSpec``s, or None.
 
     A NaN or infinite gradient element makes its whole tensor's update NaN
     (the statistics and RMS are shared over rows, columns and the tensor),
@@ -413,8 +550,11 @@ def adafactor(
       ValueError: ``decay_rate <= 0``, ``eps1 < 0``, ``eps2 < 0``,
         ``clipping_threshold <= 0``, ``b1`` outside [0, 1), a negative learning
         or weight-decay rate, an unknown ``factored_dims``,
-        ``min_dim_size_to_factor < 1`` (at construction); mismatched trees,
-        ``params=None`` with the parameter scale or weight decay (at update).
+        ``min_dim_size_to_factor < 1``, an unknown role (at construction);
+        mismatched trees, ``params=None`` with the parameter scale or weight
+        decay (at update); a rule of the wrong length, no ``factor_map``
+        match, an unknown logical name, rows without columns (at ``init``,
+        naming the parameter's path).
       TypeError: non-floating leaves or state dtypes, non-bool flags.
 
     Example:
@@ -441,6 +581,9 @@ def adafactor(
             weight_decay_rate=weight_decay_rate,
             mu_dtype=mu_dtype,
             nu_dtype=nu_dtype,
+            factor_map=factor_map,
+            logical_factor_rules=logical_factor_rules,
+            param_logical_axes=param_logical_axes,
         ),
         optax.scale(-1.0),
     )
