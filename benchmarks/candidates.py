@@ -46,6 +46,11 @@ def optimizer(name: str) -> optax.GradientTransformation:
     if name == "optkit.adafactor":
         # The configuration of optax.adafactor's: two largest axes, factored from 128.
         return optkit.adafactor(factored_dims="largest", min_dim_size_to_factor=128)
+    if name == "optkit.adafactor paper":
+        return optkit.adafactor()  # the last two axes: per leading index for the statistics, RMS over the leaf
+    if name == "optkit.adafactor layers as batch":
+        # Scanned layers: each [L, n, m] leaf's leading axis a batch axis (statistics, RMS and clipping per layer).
+        return optkit.adafactor(factor_map=[(".*", ("batch", "row", "column"))])
     if name == "optax.adafactor":
         return optax.adafactor(learning_rate=_rho, min_dim_size_to_factor=128)
     raise ValueError(f"unknown optimizer {name!r}")

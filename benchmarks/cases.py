@@ -123,6 +123,33 @@ def build_cases(quick: bool, with_torch: bool, skip_slow: bool = False) -> list[
     cases.append(Case(f"adafactor_{matrix[0]}x{matrix[1]}", f"Adafactor, {matrix[0]}x{matrix[1]}",
                       "adafactor", specs, ratios))
 
+    # Scanned layers: a 12-layer MLP stack as [12, 768, 3072] + [12, 3072, 768], with and without the batch
+    # rule, beside the same layers as 24 separate leaves (the cost of per-slice statistics: goal <= 1.1).
+    layers, d, f = (2, 64, 256) if quick else (12, 768, 3072)
+    stacked = {"wi": jax.ShapeDtypeStruct((layers, d, f), jnp.float32),
+               "wo": jax.ShapeDtypeStruct((layers, f, d), jnp.float32)}
+    separate = {f"{k}{i}": jax.ShapeDtypeStruct(s.shape[1:], jnp.float32) for k, s in stacked.items()
+                for i in range(layers)}
+    specs = [Spec("optkit.adafactor layers as batch", "optkit.adafactor layers as batch", stacked, memory=True),
+             Spec("optkit.adafactor stacked, no rule", "optkit.adafactor paper", stacked, memory=True),
+             Spec("optkit.adafactor separate layers", "optkit.adafactor paper", separate),
+             Spec("optax.adafactor stacked", "optax.adafactor", stacked),
+             Spec("optax.adafactor separate layers", "optax.adafactor", separate)]
+    ratios = [Ratio("per-layer rule / no rule (stacked)", "optkit.adafactor layers as batch",
+                    "optkit.adafactor stacked, no rule", 1.1, "<= 1.1"),
+              Ratio("per-layer rule (stacked) / separate layers", "optkit.adafactor layers as batch",
+                    "optkit.adafactor separate layers", None),
+              Ratio("per-layer rule / optax.adafactor stacked", "optkit.adafactor layers as batch",
+                    "optax.adafactor stacked", None),
+              Ratio("per-layer rule / optax.adafactor separate", "optkit.adafactor layers as batch",
+                    "optax.adafactor separate layers", None),
+              Ratio("first call: per-layer rule / separate layers", "optkit.adafactor layers as batch",
+                    "optkit.adafactor separate layers", None, first_call=True),
+              Ratio("first call: per-layer rule / no rule", "optkit.adafactor layers as batch",
+                    "optkit.adafactor stacked, no rule", None, first_call=True)]
+    cases.append(Case("stacked_layers", f"Scanned layers, {layers} x [{d}x{f} + {f}x{d}]", "adafactor", specs,
+                      ratios, f"{nparams(stacked):,} parameters"))
+
     tree, source = transformer_tree(quick)
     specs = [Spec("optkit.adafactor", "optkit.adafactor", tree, memory=True),
              Spec("optax.adafactor", "optax.adafactor", tree),

@@ -136,7 +136,7 @@ def child_main(payload: str) -> dict:
 
 def bytes_model(spec: Spec) -> int:
     """Bytes per parameter a step must move at least, for the candidate's algorithm (see the module notes)."""
-    return BYTES_MODEL[spec.optimizer.split(".")[1]]
+    return BYTES_MODEL[spec.optimizer.split(".")[1].split()[0]]  # "optkit.adafactor paper" -> adafactor
 
 
 def candidate_entry(spec: Spec, stepper, seconds: list[float]) -> dict:

@@ -159,7 +159,8 @@ def test_import_optkit_onnx_without_onnx_names_the_extra():
 
 EXAMPLES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "examples", "*.py"))
                   if not os.path.basename(p).startswith("_"))
-TRAINING = {"quickstart.py", "lm_adafactor.py", "onnx_training.py", "sharded_training.py", "multihost.py"}
+TRAINING = {"quickstart.py", "lm_adafactor.py", "lm_scanned.py", "onnx_training.py", "sharded_training.py",
+            "multihost.py"}
 
 
 @pytest.mark.parametrize("example", EXAMPLES)

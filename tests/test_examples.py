@@ -19,5 +19,16 @@ def test_quickstart_runs_and_learns(tmp_path):
     assert (tmp_path / "quickstart_loss.png").stat().st_size > 0
 
 
+def test_scanned_lm_trains_as_the_unrolled_one(tmp_path):
+    from examples import lm_scanned
+
+    result = lm_scanned.main(["--steps", "12", "--d-model", "32", "--layers", "3", "--out", str(tmp_path)])
+    assert result["gap"] < 1e-5
+    assert result["scanned"][-1] < result["scanned"][0]
+    without = lm_scanned.main(["--steps", "12", "--d-model", "32", "--layers", "3", "--no-rules",
+                               "--out", str(tmp_path)])
+    assert without["gap"] > 10 * result["gap"]  # the rules are what makes them equal
+
+
 # Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').
 pytestmark = pytest.mark.slow

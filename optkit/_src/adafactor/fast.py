@@ -283,10 +283,10 @@ def _column_sums_blocked(g, x, inv_inner, dtype, block_elements):
 
 
 def _per_matrix_sum(values, shape, batch_ndim: int):
-    """Per-matrix sums (one per index of the leading axes) summed as :func:`_sum` sums the leaf."""
+    """Per-matrix sums (``values[p]`` for matrix ``p`` of the leading axes) summed as :func:`_sum` sums the leaf."""
     if batch_ndim == 0:
         return jnp.sum(values)
-    leading = values.reshape(shape[:-2])
+    leading = jnp.sum(values.reshape(values.shape[0], -1), axis=-1).reshape(shape[:-2])
     return jnp.sum(leading, axis=tuple(range(batch_ndim, len(shape) - 2)), keepdims=True)[..., None, None]
 
 

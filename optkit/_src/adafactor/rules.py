@@ -289,7 +289,7 @@ def _axes_by_path(param_logical_axes: Any) -> dict[str, Any]:
 def metadata_names(box: Any) -> Any:
     """The logical axis names Flax put on a parameter's box, or None.
 
-    nnx: ``out_sharding`` (``nnx.with_partitioning``; ``nnx.vmap``/``nnx.scan``
+    nnx: ``out_sharding`` (``nnx.with_partitioning``; ``nnx.vmap`` or ``nnx.scan``
     with ``transform_metadata={nnx.PARTITION_NAME: ...}`` insert their axis),
     or the older ``sharding_names``/``sharding``; linen: ``nn.Partitioned.names``.
     """

@@ -47,7 +47,7 @@ class FactoredSecondMoment(NamedTuple):
     Both keep the leaf's other axes in their order, so a sharding of the leaf
     maps onto them by dropping one axis. Under a factor rule (SPEC 5b) the
     row statistics drop every column axis and the column statistics every row
-    axis, and the node's type records the rule (:func:`with_roles`).
+    axis, and the node's type records the rule.
     """
 
     v_row: jax.Array

@@ -91,7 +91,7 @@ def t5x_adafactor(
     :func:`t5x_standard_logical_factor_rules`) maps logical axis names to
     roles, for names from ``param_logical_axes`` or, where that is not given,
     from each parameter's Flax metadata (``nnx.with_partitioning``,
-    ``nnx.vmap``/``nnx.scan`` with ``transform_metadata={nnx.PARTITION_NAME:
+    ``nnx.vmap`` or ``nnx.scan`` with ``transform_metadata={nnx.PARTITION_NAME:
     "layers"}``, linen ``nn.Partitioned``); it supersedes ``factor_map``, as
     T5X's ``set_param_axes`` does. As in T5X, a parameter whose names give
     rows but no columns (or the reverse) is not factored (its batch axes
@@ -125,7 +125,7 @@ def t5x_adafactor(
       max_parameter_scale: the ceiling of ``max(epsilon2, RMS(X))``, > 0, or None.
       skip_nan_updates: keep previous values where the new ones are NaN.
       param_logical_axes: a tree like the parameters whose leaves are tuples
-        of logical axis names or ``PartitionSpec``s (T5X's ``set_param_axes``),
+        of logical axis names or ``PartitionSpec`` objects (T5X's ``set_param_axes``),
         or None.
 
     Returns:

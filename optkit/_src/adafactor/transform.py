@@ -527,12 +527,12 @@ def adafactor(
         :func:`t5x_standard_logical_factor_rules`), applied to each
         parameter's axis names from ``param_logical_axes`` or, where not
         given there, from its Flax metadata (``nnx.with_partitioning``,
-        ``nnx.vmap``/``nnx.scan`` with ``transform_metadata``, linen
+        ``nnx.vmap`` or ``nnx.scan`` with ``transform_metadata``, linen
         ``nn.Partitioned``); it supersedes ``factor_map``. Names giving rows
         but no columns (or the reverse) mean not factored, batch axes kept;
         rows and columns with a ``"none"`` axis are a ``ValueError``.
       param_logical_axes: a tree like the parameters of tuples of logical
-        names or ``PartitionSpec``s, or None.
+        names or ``PartitionSpec`` objects, or None.
 
     A NaN or infinite gradient element makes its whole tensor's update NaN
     (the statistics and RMS are shared over rows, columns and the tensor),
