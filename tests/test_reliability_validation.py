@@ -171,6 +171,17 @@ for name, kw, exc, words in [
 ]:
     row(name, "-".join(f"{k}={v!r}" for k, v in kw.items()), _call(ALIASES[name], **kw), exc, words)
 
+# T5X's Adafactor (tests/test_t5x_adafactor.py has the factor-rule table).
+for case, thunk, exc, words in [
+    ("no learning rate", _call(optkit.t5x_adafactor, None), ValueError, "learning_rate is required"),
+    ("beta1=1.0", _call(optkit.t5x_adafactor, 0.1, beta1=1.0), ValueError, "beta1 must be in [0, 1)"),
+    ("step_offset=0.5", _call(optkit.t5x_adafactor, 0.1, step_offset=0.5), TypeError, "step_offset must be an integer"),
+    ("epsilon1=-1", _call(optkit.t5x_adafactor, 0.1, epsilon1=-1.0), ValueError, "epsilon1 must be >= 0"),
+    ("rank 3 without a rule", lambda: optkit.t5x_adafactor(0.1).init({"w": jnp.ones((2, 3, 4))}), ValueError,
+     "'w' of shape"),
+]:
+    row("t5x_adafactor", case, thunk, exc, words)
+
 for name, lr, exc, words in [
     ("adagrad", -0.1, ValueError, "learning_rate must be >= 0, got -0.1"),
     ("adagrad", "0.1", TypeError, "learning_rate must be a real number, got '0.1'"),
@@ -596,7 +607,8 @@ def test_bad_input_gets_the_documented_error(function, case, thunk, exc, words):
 
 
 PUBLIC = (
-    [n for n in optkit.__all__ if inspect.isfunction(getattr(optkit, n))] + ["Graph", "FlatParams"]
+    [n for n in optkit.__all__ if inspect.isfunction(getattr(optkit, n)) and n != "t5x_standard_logical_factor_rules"]
+    + ["Graph", "FlatParams"]
     + [n for n in optkit.ops.__all__ if inspect.isfunction(getattr(optkit.ops, n))]
     + [n for n in optkit.onnx.__all__ if inspect.isfunction(getattr(optkit.onnx, n)) and n != "supported_ops"]
     + ["Backend"]
@@ -604,7 +616,8 @@ PUBLIC = (
 
 
 def test_every_public_function_is_audited():
-    """The table covers every public function (``supported_ops`` takes no input)."""
+    """The table covers every public function (``supported_ops`` and ``t5x_standard_logical_factor_rules``
+    take no input)."""
     counts = collections.Counter(r[0] for r in TABLE)
     missing = [name for name in PUBLIC if counts[name] == 0]
     assert not missing, f"no bad inputs in the table for {missing}"

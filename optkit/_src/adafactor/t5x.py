@@ -20,7 +20,7 @@ import numpy as np
 import optax
 from jax.typing import DTypeLike
 
-from optkit._src import hyperparams, sharding, trees
+from optkit._src import hyperparams, trees
 from optkit._src.adafactor import fast
 from optkit._src.adafactor.factoring import check_factoring
 from optkit._src.adafactor.rules import Rules
@@ -204,20 +204,14 @@ def t5x_adafactor(
                     skip_nan_updates=skip_nan_updates,
                     global_norm_clip_threshold=_off_when_zero(global_norm_clip_threshold))
 
-    def init_fn(params):
-        nu = af.init_nu(params)
-        mu = None if beta1 is None else sharding.tree_zeros_like(params, dtype_momentum)
-        return ScaleByAdafactorState(count=jnp.zeros([], jnp.int32), nu=nu, mu=mu)
-
     def update_fn(updates, state, params=None):
-        state = trees.check_state(state, ScaleByAdafactorState, af.name)
-        hyperparams.check_count(state.count, af.name)
         step_options = None
-        if exponent is not None:
-            lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
+        if exponent is not None:  # PaLM's decay: (weight_decay_rate or 1) * lr^exponent, this step's lr
+            count = trees.check_state(state, ScaleByAdafactorState, af.name).count
+            lr = learning_rate(count) if callable(learning_rate) else learning_rate
             rate = 1.0 if weight_decay_rate is None else weight_decay_rate
             step_options = options._replace(weight_decay_rate=rate * jnp.asarray(lr, jnp.float32) ** exponent)
-        new_updates, nu, mu = af.step(updates, state.count, state.nu, state.mu, params, step_options)
-        return new_updates, ScaleByAdafactorState(optax.safe_increment(state.count), nu, mu)
+        return af.update_state(updates, state, params, step_options)
 
+    init_fn = lambda params: af.init_state(params, with_mu=beta1 is not None)  # noqa: E731
     return optax.chain(optax.GradientTransformation(init_fn, update_fn), optax.scale(-1.0))

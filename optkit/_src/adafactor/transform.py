@@ -123,6 +123,18 @@ class _Adafactor:
             return (layout.stat_shape("column"), layout.stat_shape("row")) if layout.factored else None
         return None if layout is None else (without(shape, layout[1]), without(shape, layout[0]))
 
+    def init_state(self, params, *, with_mu: bool) -> ScaleByAdafactorState:
+        """A fresh :class:`ScaleByAdafactorState`: count 0, zero statistics, a zero first moment if ``with_mu``."""
+        mu = sharding.tree_zeros_like(params, self.mu_dtype) if with_mu else None
+        return ScaleByAdafactorState(count=jnp.zeros([], jnp.int32), nu=self.init_nu(params), mu=mu)
+
+    def update_state(self, updates, state, params, options=None):
+        """``(updates, new state)`` from a :class:`ScaleByAdafactorState` (checked)."""
+        state = trees.check_state(state, ScaleByAdafactorState, self.name)
+        hyperparams.check_count(state.count, self.name)
+        new_updates, nu, mu = self.step(updates, state.count, state.nu, state.mu, params, options)
+        return new_updates, ScaleByAdafactorState(optax.safe_increment(state.count), nu, mu)
+
     def step(self, updates, count, nu, mu, params, options=None):
         """``(updates, new nu, new mu)`` for the update with ``t = count + 1`` (``options``: this step's, if
         they differ from the transformation's)."""
@@ -416,18 +428,8 @@ def scale_by_adafactor(
                     factored_dims=factored_dims, min_dim_size_to_factor=min_dim_size_to_factor, mu_dtype=mu_dtype,
                     nu_dtype=nu_dtype, params_reason=params_reason, rules=rules)
 
-    def init_fn(params):
-        nu = af.init_nu(params)
-        mu = None if b1 is None else sharding.tree_zeros_like(params, mu_dtype)
-        return ScaleByAdafactorState(count=jnp.zeros([], jnp.int32), nu=nu, mu=mu)
-
-    def update_fn(updates, state, params=None):
-        state = trees.check_state(state, ScaleByAdafactorState, af.name)
-        hyperparams.check_count(state.count, af.name)
-        new_updates, nu, mu = af.step(updates, state.count, state.nu, state.mu, params)
-        return new_updates, ScaleByAdafactorState(optax.safe_increment(state.count), nu, mu)
-
-    return optax.GradientTransformation(init_fn, update_fn)
+    return optax.GradientTransformation(lambda params: af.init_state(params, with_mu=b1 is not None),
+                                        lambda updates, state, params=None: af.update_state(updates, state, params))
 
 
 def adafactor(
