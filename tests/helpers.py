@@ -52,3 +52,18 @@ def onnx_model(nodes, inputs, outputs, initializers=(), opsets=(("", 17),), **kw
 
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
     return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets], **kwargs)
+
+
+def onnx_external(tensor, location, offset=None, length=None):
+    """Point the TensorProto ``tensor`` at external data in ``location`` (its own bytes dropped); returns it."""
+    from onnx import TensorProto
+
+    del tensor.external_data[:]
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", offset), ("length", length)):
+        if value is not None:
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, str(value)
+    tensor.ClearField("raw_data")
+    tensor.ClearField("float_data")
+    return tensor

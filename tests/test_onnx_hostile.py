@@ -45,6 +45,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
 from optkit.onnx import TensorTooLargeError, UnsupportedOpError  # noqa: E402
+from tests.helpers import onnx_external as _external  # noqa: E402
 from tests.helpers import onnx_info as _info  # noqa: E402
 from tests.helpers import onnx_model  # noqa: E402
 
@@ -73,18 +74,6 @@ def _bounded(code: str, *, seconds: float = 120, memory_gib: float = 4) -> str:
                                     f"{' (killed by a signal)' if result.returncode < 0 else ''}:\n"
                                     f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
     return result.stdout
-
-
-def _external(tensor, location, offset=None, length=None):
-    del tensor.external_data[:]
-    tensor.data_location = TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", offset), ("length", length)):
-        if value is not None:
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, str(value)
-    tensor.ClearField("raw_data")
-    tensor.ClearField("float_data")
-    return tensor
 
 
 def _empty_tensor(name, dims):

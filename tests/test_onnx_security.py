@@ -48,6 +48,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
 from optkit.onnx import UnsupportedOpError  # noqa: E402
+from tests.helpers import onnx_external as _external  # noqa: E402
 from tests.helpers import onnx_info as _info  # noqa: E402
 from tests.helpers import onnx_model as _model  # noqa: E402
 
@@ -69,19 +70,6 @@ def _in_child(code: str, timeout: float = 300) -> str:
 
 def _float(name, shape):
     return _info(name, TensorProto.FLOAT, shape)
-
-
-def _external(tensor: TensorProto, location: str, offset: int | None = None, length: int | None = None):
-    """Point ``tensor`` at external data (its bytes are not kept in the proto)."""
-    del tensor.external_data[:]
-    tensor.data_location = TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", offset), ("length", length)):
-        if value is not None:
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, str(value)
-    tensor.ClearField("raw_data")
-    tensor.ClearField("float_data")
-    return tensor
 
 
 def _model_with_external(location_w="w.bin", location_c="c.bin"):

@@ -48,6 +48,17 @@ def _identifier(token: str) -> str:
     return r"\mathrm{" + token.replace("_", r"\_") + "}"
 
 
+def _closing(tokens: list[str], start: int) -> int:
+    """The index of the ")" that closes the "(" at ``tokens[start]`` (or the end)."""
+    depth, j = 0, start
+    while j < len(tokens):
+        depth += {"(": 1, ")": -1}.get(tokens[j], 0)
+        if depth == 0:
+            break
+        j += 1
+    return j
+
+
 def _expression(text: str) -> str:
     """One expression (no comment): identifiers, numbers, operators, ``sqrt(...)`` and ``^(...)``."""
     tokens = [t for t in _TOKEN.findall(text)]
@@ -58,23 +69,13 @@ def _expression(text: str) -> str:
         if token.isspace():
             out.append(" ")
         elif token in FUNCTIONS and i + 1 < len(tokens) and tokens[i + 1] == "(":
-            depth, j = 0, i + 1
-            while j < len(tokens):
-                depth += {"(": 1, ")": -1}.get(tokens[j], 0)
-                if depth == 0:
-                    break
-                j += 1
+            j = _closing(tokens, i + 1)
             inner = _expression("".join(tokens[i + 2:j]))
             out.append(rf"\sqrt{{{inner}}}" if token == "sqrt" else rf"{FUNCTIONS[token]}\left({inner}\right)")
             i = j
         elif token == "^" and i + 1 < len(tokens):
             if tokens[i + 1] == "(":
-                depth, j = 0, i + 1
-                while j < len(tokens):
-                    depth += {"(": 1, ")": -1}.get(tokens[j], 0)
-                    if depth == 0:
-                        break
-                    j += 1
+                j = _closing(tokens, i + 1)
                 out.append("^{" + _expression("".join(tokens[i + 2:j])) + "}")
                 i = j
             else:
