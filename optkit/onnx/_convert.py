@@ -138,8 +138,11 @@ def _folding(fn, ctx: NodeContext, limit: int):
 
     Constant sub-graphs (shape arithmetic, Constant nodes, initializers
     combined) are folded this way even under ``jax.jit``, so a Reshape can
-    read a shape computed from a Shape or Constant node.
+    read a shape computed from a Shape or Constant node. A handler may return
+    more values than the node names (an operator's optional trailing outputs);
+    those the node leaves out are dropped.
     """
+    fn = _trimmed(fn, len(ctx.outputs))
 
     def node_function(*values):
         if all(v is None or is_static(v) for v in values):
@@ -159,6 +162,18 @@ def _folding(fn, ctx: NodeContext, limit: int):
 
     node_function.__name__ = ctx.op_type
     return node_function
+
+
+def _trimmed(fn, count: int):
+    """``fn`` returning its first ``count`` outputs (one value, not a tuple, for ``count == 1``)."""
+
+    def trimmed(*values):
+        out = fn(*values)
+        if isinstance(out, tuple) and len(out) > count:
+            out = out[0] if count == 1 else out[:count]
+        return out
+
+    return trimmed
 
 
 def _check_outputs(out, ctx: NodeContext, limit: int) -> None:

@@ -4,8 +4,11 @@ Where an operator goes: its family module, by what it does:
 
 - :mod:`~optkit.onnx._ops.elementwise`: arithmetic, activations, comparisons,
   logic, ``Where``, casts;
-- :mod:`~optkit.onnx._ops.nn`: ``MatMul``, ``Gemm``, softmaxes, convolution,
-  pooling and (normalization) layers;
+- :mod:`~optkit.onnx._ops.nn`: ``MatMul``, ``Gemm``, softmaxes, convolution
+  (and transposed), pooling;
+- :mod:`~optkit.onnx._ops.normalization`: batch, layer and instance
+  normalization, ``LRN``, ``Dropout``;
+- :mod:`~optkit.onnx._ops.recurrent`: ``RNN``, ``GRU``, ``LSTM`` (a ``lax.scan``);
 - :mod:`~optkit.onnx._ops.shape`: reshaping, joining, slicing, gathering,
   ``Shape``, ``Constant``;
 - :mod:`~optkit.onnx._ops.reduce`: ``Reduce*``;
@@ -22,12 +25,13 @@ ONNX page, "Adding an operator", says how versions and tests are declared.
 
 from __future__ import annotations
 
-from optkit.onnx._ops import elementwise, loss, nn, reduce, shape, training
+from optkit.onnx._ops import elementwise, loss, nn, normalization, recurrent, reduce, shape, training
 from optkit.onnx._ops._registry import OpTable
 
 __all__ = ["TABLE", "supported_ops"]
 
-TABLE = OpTable(elementwise.OPS, nn.OPS, shape.OPS, reduce.OPS, loss.OPS, training.OPS)
+TABLE = OpTable(elementwise.OPS, nn.OPS, normalization.OPS, recurrent.OPS, shape.OPS, reduce.OPS, loss.OPS,
+                training.OPS)
 
 
 def supported_ops() -> list[tuple[str, str, int]]:

@@ -1,4 +1,4 @@
-"""Neural-network operators: MatMul and Gemm, Softmax and LogSoftmax, convolution and pooling."""
+"""Neural-network operators: MatMul and Gemm, Softmax and LogSoftmax, convolution (and transposed), pooling."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ OPS = Family("nn")
 OPS.op("MatMul", 1, 9, 13)(lambda ctx: jnp.matmul)
 
 
-@OPS.op("Gemm", 7, 9, 11, 13)
+@OPS.op("Gemm", 6, 7, 9, 11, 13)
 def _gemm(ctx):
     alpha = ctx.attrs.get("alpha", 1.0)
     beta = ctx.attrs.get("beta", 1.0)
@@ -36,6 +36,8 @@ def _gemm(ctx):
         if alpha != 1.0:
             y = alpha * y
         if c is not None and beta != 0.0:
+            if ctx.version < 7 and not ctx.attrs.get("broadcast", 0) and jnp.shape(c) != jnp.shape(y):
+                raise ctx.error(f"C {jnp.shape(c)} must have the output's shape {jnp.shape(y)} when broadcast=0")
             y = y + (c if beta == 1.0 else beta * c)
         return y
 
@@ -310,3 +312,72 @@ def _global_average_pool(ctx):
         return jnp.mean(x, axis=tuple(range(2, jnp.ndim(x))), keepdims=True)
 
     return global_average_pool
+
+
+@OPS.op("GlobalMaxPool", 1, 22)
+def _global_max_pool(ctx):
+    def global_max_pool(x):
+        if jnp.ndim(x) < 3:
+            raise ctx.error(f"X must be (N, C, D1, ...), got shape {jnp.shape(x)}")
+        return jnp.max(x, axis=tuple(range(2, jnp.ndim(x))), keepdims=True)
+
+    return global_max_pool
+
+
+@OPS.op("ConvTranspose", 1, 11, 22)
+def _conv_transpose(ctx):
+    group = int(ctx.attrs.get("group", 1))
+    auto_pad = ctx.attrs.get("auto_pad", "NOTSET")
+    if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+        raise ctx.error(f"auto_pad must be NOTSET, SAME_UPPER, SAME_LOWER or VALID, got {auto_pad!r}")
+
+    def conv_transpose(x, w, b=None):
+        n = jnp.ndim(x) - 2
+        channels = jnp.shape(x)[1] if n >= 1 else 0
+        if n < 1 or jnp.ndim(w) != n + 2 or group < 1 or channels % group or jnp.shape(w)[0] != channels:
+            raise ctx.error(f"X must be (N, C, D1, ...) and W (C, M/group, k1, ...) of the same rank, with C "
+                            f"divisible by group={group}; got shapes {jnp.shape(x)} and {jnp.shape(w)}")
+        kernel = list(ctx.attrs.get("kernel_shape") or jnp.shape(w)[2:])
+        if tuple(kernel) != tuple(jnp.shape(w)[2:]):
+            raise ctx.error(f"kernel_shape {kernel} does not match W's shape {jnp.shape(w)}")
+        strides, dilations, pads = _spatial_attrs(ctx, n, kernel)
+        output_padding = list(ctx.attrs.get("output_padding") or [0] * n)
+        output_shape = ctx.attrs.get("output_shape")
+        if len(output_padding) != n or any(not 0 <= p < max(s, d)
+                                           for p, s, d in zip(output_padding, strides, dilations)):
+            raise ctx.error(f"output_padding {output_padding} must hold {n} entries, each less than its stride "
+                            f"or dilation")
+        spatial = jnp.shape(x)[2:]
+        spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+        full = [s * (size - 1) + p + span for s, size, p, span in zip(strides, spatial, output_padding, spans)]
+        if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            # The pads follow from the output shape (ONNX: total_padding split by auto_pad).
+            target = list(output_shape) if output_shape is not None else [size * s for size, s in zip(spatial, strides)]
+            target = target[-n:]
+            if len(target) != n or any(t < 1 for t in target):
+                raise ctx.error(f"output_shape {output_shape} must give {n} positive spatial sizes")
+            pads = []
+            for f, t in zip(full, target):
+                total = f - t
+                small, large = total // 2, total - total // 2
+                pads.append((small, large) if auto_pad == "SAME_UPPER" else (large, small))
+        elif auto_pad == "VALID":
+            pads = [(0, 0)] * n
+        out = [f - pb - pe for f, (pb, pe) in zip(full, pads)]
+        if any(o < 1 for o in out):
+            raise ctx.error(f"the output would have spatial shape {out} for input {jnp.shape(x)}, pads {pads}")
+        m = jnp.shape(w)[1] * group
+        ctx.check_size((jnp.shape(x)[0], m, *out), jnp.result_type(x), "the output")
+        # As the gradient of a convolution: X dilated by the strides, convolved with W flipped and its
+        # in/out channels swapped per group, padded by span - 1 - pad (output_padding at the end).
+        k = jnp.reshape(w, (group, channels // group, m // group, *kernel))
+        k = jnp.swapaxes(k, 1, 2).reshape((m, channels // group, *kernel))
+        k = jnp.flip(k, axis=tuple(range(2, n + 2)))
+        padding = [(span - 1 - pb, span - 1 - pe + p) for span, (pb, pe), p in zip(spans, pads, output_padding)]
+        y = lax.conv_general_dilated(x, k, window_strides=(1,) * n, padding=padding, lhs_dilation=strides,
+                                     rhs_dilation=dilations, feature_group_count=group)
+        if b is not None:
+            y = y + jnp.reshape(b, (1, -1) + (1,) * n)
+        return y
+
+    return conv_transpose

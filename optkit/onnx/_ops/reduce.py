@@ -1,10 +1,11 @@
-"""Reductions: ReduceSum, ReduceMean, ReduceMax, ReduceSumSquare (axes an attribute, then a static input)."""
+"""Reductions: ``Reduce*`` (axes an attribute, then a static input), ArgMax and ArgMin."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
-from optkit.onnx._ops._common import axis_indices, lowest
+from optkit.onnx._ops._common import axis_index, axis_indices, lowest
 from optkit.onnx._ops._registry import Family
 from optkit.onnx._ops._values import static_value
 
@@ -43,6 +44,25 @@ def _reduce_max(x, axes, keepdims):
     return jnp.max(x, axis=axes, keepdims=keepdims, initial=lowest(dtype) if empty else None)
 
 
+def _highest(dtype):
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.inf
+    return True if dtype == jnp.bool_ else jnp.iinfo(dtype).max
+
+
+def _reduce_min(x, axes, keepdims):
+    empty = any(jnp.shape(x)[a] == 0 for a in axes)
+    return jnp.min(x, axis=axes, keepdims=keepdims, initial=_highest(jnp.result_type(x)) if empty else None)
+
+
+def _log_sum_exp(x, axes, keepdims):
+    # ONNX: log(sum(exp(x))), -inf over an empty set; max-shifted, so it does not overflow
+    if any(jnp.shape(x)[a] == 0 for a in axes):
+        return jnp.log(jnp.sum(jnp.exp(x), axis=axes, keepdims=keepdims))
+    return jax.nn.logsumexp(x, axis=axes, keepdims=keepdims).astype(jnp.result_type(x))
+
+
 OPS.op("ReduceSum", 1, 11, 13, static_inputs=(1,))(
     _reduce_builder(lambda x, a, k: jnp.sum(x, axis=a, keepdims=k), 13))
 OPS.op("ReduceMean", 1, 11, 13, 18, static_inputs=(1,))(
@@ -53,3 +73,41 @@ OPS.op("ReduceMax", 1, 11, 12, 13, 18, 20, static_inputs=(1,))(
 
 OPS.op("ReduceSumSquare", 1, 11, 13, 18, static_inputs=(1,))(
     _reduce_builder(lambda x, a, k: jnp.sum(x * x, axis=a, keepdims=k), 18))
+OPS.op("ReduceMin", 1, 11, 12, 13, 18, 20, static_inputs=(1,))(_reduce_builder(_reduce_min, 18))
+OPS.op("ReduceProd", 1, 11, 13, 18, static_inputs=(1,))(
+    _reduce_builder(lambda x, a, k: jnp.prod(x, axis=a, keepdims=k), 18))
+OPS.op("ReduceL1", 1, 11, 13, 18, static_inputs=(1,))(
+    _reduce_builder(lambda x, a, k: jnp.sum(jnp.abs(x), axis=a, keepdims=k), 18))
+OPS.op("ReduceL2", 1, 11, 13, 18, static_inputs=(1,))(
+    _reduce_builder(lambda x, a, k: jnp.sqrt(jnp.sum(x * x, axis=a, keepdims=k)).astype(jnp.result_type(x)), 18))
+OPS.op("ReduceLogSum", 1, 11, 13, 18, 28, static_inputs=(1,))(
+    _reduce_builder(lambda x, a, k: jnp.log(jnp.sum(x, axis=a, keepdims=k)), 18))
+OPS.op("ReduceLogSumExp", 1, 11, 13, 18, 28, static_inputs=(1,))(_reduce_builder(_log_sum_exp, 18))
+
+
+def _arg_builder(fn):
+    """ArgMax/ArgMin: int64 indices along ``axis``; the first extreme, or the last with ``select_last_index``."""
+
+    def build(ctx):
+        axis = ctx.attrs.get("axis", 0)
+        keepdims = bool(ctx.attrs.get("keepdims", 1))
+        last = bool(ctx.attrs.get("select_last_index", 0))
+
+        def arg(x):
+            a = axis_index(ctx, axis, jnp.ndim(x))
+            if jnp.shape(x)[a] == 0:
+                raise ctx.error(f"axis {a} of shape {jnp.shape(x)} is empty")
+            if last:
+                n = jnp.shape(x)[a]
+                index = n - 1 - fn(jnp.flip(x, a), axis=a, keepdims=keepdims)
+            else:
+                index = fn(x, axis=a, keepdims=keepdims)
+            return index.astype(jnp.int64)
+
+        return arg
+
+    return build
+
+
+OPS.op("ArgMax", 11, 12, 13)(_arg_builder(jnp.argmax))
+OPS.op("ArgMin", 11, 12, 13)(_arg_builder(jnp.argmin))

@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from optkit.onnx._ops._common import axis_index, axis_indices, checked_indices
 from optkit.onnx._ops._registry import Family, NodeContext
@@ -234,3 +236,213 @@ def _slice(ctx):
         return x[tuple(index)]
 
     return slice_
+
+
+def _ints(ctx: NodeContext, value: Any, what: str) -> list[int]:
+    return [int(v) for v in static_value(value, ctx, what).reshape(-1)]
+
+
+@OPS.op("Expand", 8, 13, static_inputs=(1,))
+def _expand(ctx):
+    def expand(x, shape):
+        target = _ints(ctx, shape, "shape")
+        if any(d < 0 for d in target):
+            raise ctx.error(f"shape {target} has a negative dimension")
+        try:  # bidirectional: a 1 in shape keeps X's dimension
+            out = jnp.broadcast_shapes(jnp.shape(x), tuple(target))
+        except ValueError:
+            raise ctx.error(f"X {jnp.shape(x)} cannot be broadcast with shape {target}") from None
+        ctx.check_size(out, jnp.result_type(x), "the output")
+        return np.broadcast_to(x, out) if isinstance(x, np.ndarray) else jnp.broadcast_to(x, out)
+
+    return expand
+
+
+@OPS.op("ConstantOfShape", 9, 20, 21, 23, 24, 25, static_inputs=(0,))
+def _constant_of_shape(ctx):
+    value = ctx.attrs.get("value")
+    value = np.zeros((1,), np.float32) if value is None else np.asarray(value)
+    if value.size != 1:
+        raise ctx.error(f"value must hold one element, got shape {value.shape}")
+
+    def constant_of_shape(shape):
+        dims = _ints(ctx, shape, "input")
+        if any(d < 0 for d in dims):
+            raise ctx.error(f"shape {dims} has a negative dimension")
+        ctx.check_size(dims, value.dtype, "the output")
+        out = np.full(dims, value.reshape(()), value.dtype)
+        out.setflags(write=False)
+        return out
+
+    return constant_of_shape
+
+
+@OPS.op("Range", 11, 27, static_inputs=(0, 1, 2))
+def _range(ctx):
+    stash = ctx.version >= 27 and ctx.attrs.get("stash_type", 1) == 1
+
+    def range_(start, limit, delta):
+        values = [static_value(v, ctx, what) for v, what in ((start, "start"), (limit, "limit"), (delta, "delta"))]
+        if any(v.size != 1 for v in values):
+            raise ctx.error(f"start, limit and delta must be scalars, got shapes {[v.shape for v in values]}")
+        dtype = values[0].dtype
+        start, limit, delta = (v.reshape(()) for v in values)
+        if delta == 0:
+            raise ctx.error("delta must not be 0")
+        count = max(math.ceil((float(limit) - float(start)) / float(delta)), 0)
+        ctx.check_size((count,), dtype, "the output")
+        # start + i * delta in the input type, as ONNX's definition computes it (Range-27 with
+        # stash_type=1: float16 and bfloat16 in float32)
+        work = np.float32 if stash and dtype in (np.float16, jnp.bfloat16) else dtype
+        out = (start.astype(work) + np.arange(count, dtype=work) * delta.astype(work)).astype(dtype)
+        out.setflags(write=False)
+        return out
+
+    return range_
+
+
+@OPS.op("Tile", 6, 13, static_inputs=(1,))
+def _tile(ctx):
+    def tile(x, repeats):
+        reps = _ints(ctx, repeats, "repeats")
+        if len(reps) != jnp.ndim(x) or any(r < 0 for r in reps):
+            raise ctx.error(f"repeats {reps} must hold one non-negative count per axis of X {jnp.shape(x)}")
+        ctx.check_size([d * r for d, r in zip(jnp.shape(x), reps)], jnp.result_type(x), "the output")
+        return jnp.tile(x, reps)
+
+    return tile
+
+
+@OPS.op("Split", 2, 11, 13, 18, static_inputs=(1,))
+def _split(ctx):
+    axis = ctx.attrs.get("axis", 0)
+    num_outputs = ctx.attrs.get("num_outputs")
+    count = len(ctx.outputs)
+    if ctx.version >= 18 and num_outputs is not None and num_outputs != count:
+        raise ctx.error(f"num_outputs is {num_outputs} but the node has {count} outputs")
+
+    def split(x, sizes=None):
+        a = axis_index(ctx, axis, jnp.ndim(x))
+        dim = jnp.shape(x)[a]
+        given = ctx.attrs.get("split") if ctx.version < 13 else (
+            None if sizes is None else _ints(ctx, sizes, "split"))
+        if given is not None:
+            if len(given) != count or any(s < 0 for s in given) or sum(given) != dim:
+                raise ctx.error(f"split {given} must hold {count} non-negative sizes adding up to {dim}")
+        elif ctx.version >= 18 and num_outputs is not None:
+            chunk = -(-dim // count)  # the last output gets what is left (ONNX 18)
+            given = [min(chunk, max(dim - i * chunk, 0)) for i in range(count)]
+        else:
+            if dim % count:
+                raise ctx.error(f"axis {a} of size {dim} cannot be split evenly into {count} outputs")
+            given = [dim // count] * count
+        bounds = np.cumsum([0, *given])
+        return tuple(lax.slice_in_dim(x, int(lo), int(hi), axis=a) for lo, hi in zip(bounds[:-1], bounds[1:]))
+
+    return split
+
+
+@OPS.op("Pad", 2, 11, 13, 18, 19, 21, 23, 24, 25, static_inputs=(1, 2, 3))
+def _pad(ctx):
+    mode = ctx.attrs.get("mode", "constant")
+    modes = {"constant": "constant", "reflect": "reflect", "edge": "edge"}
+    if ctx.version >= 19:
+        modes["wrap"] = "wrap"
+    if mode not in modes:
+        raise ctx.error(f"mode must be one of {sorted(modes)}, got {mode!r}")
+
+    def pad(x, pads=None, constant_value=None, axes=None):
+        rank = jnp.ndim(x)
+        if ctx.version < 11:
+            pads, value = list(ctx.attrs["pads"]), ctx.attrs.get("value", 0.0)
+        else:
+            pads = _ints(ctx, pads, "pads")
+            value = 0 if constant_value is None else constant_value
+            if jnp.size(value) != 1:
+                raise ctx.error(f"constant_value must be a scalar, got shape {jnp.shape(value)}")
+            value = jnp.reshape(value, ())
+        named = list(range(rank)) if axes is None else list(axis_indices(ctx, _ints(ctx, axes, "axes"), rank))
+        if len(pads) != 2 * len(named):
+            raise ctx.error(f"pads {pads} must hold 2 entries per padded axis ({len(named)} axes)")
+        begin, end = [0] * rank, [0] * rank
+        for i, a in enumerate(named):
+            begin[a], end[a] = pads[i], pads[i + len(named)]
+        shape = jnp.shape(x)
+        # Negative pads crop first.
+        x = x[tuple(slice(-min(b, 0), d + min(e, 0)) for b, e, d in zip(begin, end, shape))]
+        shape = jnp.shape(x)
+        if any(d < 0 for d in shape):
+            raise ctx.error(f"pads {pads} crop more than the input {jnp.shape(x)} holds")
+        widths = [(max(b, 0), max(e, 0)) for b, e in zip(begin, end)]
+        ctx.check_size([d + b + e for d, (b, e) in zip(shape, widths)], jnp.result_type(x), "the output")
+        if mode == "constant":
+            return jnp.pad(x, widths, mode="constant", constant_values=jnp.asarray(value, jnp.result_type(x)))
+        if mode in ("reflect", "edge", "wrap"):
+            short = [a for a, (b, e) in enumerate(widths) if (b or e) and shape[a] == 0]
+            if short or (mode == "reflect" and any((b or e) and (b >= shape[a] or e >= shape[a])
+                                                   for a, (b, e) in enumerate(widths))):
+                raise ctx.error(f"{mode} padding {widths} needs more of the input {shape} than it holds")
+        return jnp.pad(x, widths, mode=modes[mode])
+
+    return pad
+
+
+@OPS.op("GatherND", 11, 12, 13)
+def _gather_nd(ctx):
+    batch_dims = int(ctx.attrs.get("batch_dims", 0))
+
+    def gather_nd(x, indices):
+        xs, ish = jnp.shape(x), jnp.shape(indices)
+        if len(ish) < 1 or batch_dims < 0 or batch_dims >= min(len(xs), len(ish)):
+            raise ctx.error(f"batch_dims {batch_dims} must be less than the ranks of data {xs} and indices {ish}")
+        k = ish[-1]
+        if xs[:batch_dims] != ish[:batch_dims] or k > len(xs) - batch_dims:
+            raise ctx.error(f"indices {ish} do not fit data {xs} with batch_dims {batch_dims}")
+        coords = [checked_indices(ctx, indices[..., i], xs[batch_dims + i], f"axis {batch_dims + i}")
+                  for i in range(k)]
+
+        def one(data, *cs):
+            return data.at[tuple(cs)].get(mode="fill")
+
+        fn = one
+        for _ in range(batch_dims):
+            fn = jax.vmap(fn)
+        return fn(x, *coords)
+
+    return gather_nd
+
+
+@OPS.op("Trilu", 14, static_inputs=(1,))
+def _trilu(ctx):
+    upper = bool(ctx.attrs.get("upper", 1))
+
+    def trilu(x, k=None):
+        if jnp.ndim(x) < 2:
+            raise ctx.error(f"input must have rank >= 2, got shape {jnp.shape(x)}")
+        diagonal = 0 if k is None else _ints(ctx, k, "k")[0]
+        return jnp.triu(x, diagonal) if upper else jnp.tril(x, diagonal)
+
+    return trilu
+
+
+@OPS.op("CumSum", 11, 14, static_inputs=(1,))
+def _cumsum(ctx):
+    exclusive = bool(ctx.attrs.get("exclusive", 0))
+    reverse = bool(ctx.attrs.get("reverse", 0))
+
+    def cumsum(x, axis):
+        a = axis_index(ctx, _ints(ctx, axis, "axis")[0], jnp.ndim(x))
+        x = jnp.flip(x, a) if reverse else x
+        y = jnp.cumsum(x, axis=a, dtype=jnp.result_type(x))
+        if exclusive:  # shifted by one along the axis, 0 first
+            n = jnp.shape(x)[a]
+            y = jnp.concatenate([jnp.zeros_like(lax.slice_in_dim(y, 0, min(n, 1), axis=a)),
+                                 lax.slice_in_dim(y, 0, max(n - 1, 0), axis=a)], axis=a)
+        return jnp.flip(y, a) if reverse else y
+
+    return cumsum
+
+
+@OPS.op("Size", 1, 13, 19, 21, 23, 24, 25, static_outputs=True)
+def _size(ctx):
+    return lambda x: np.asarray(math.prod(jnp.shape(x)), np.int64)

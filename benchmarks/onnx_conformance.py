@@ -1,0 +1,144 @@
+"""How many of ONNX's backend test cases optkit.onnx passes: every case, not a selection.
+
+Runs all of ``onnx.backend.test``'s node, pytorch-converted, pytorch-operator
+and simple cases (CPU) through ONNX's own runner with
+:class:`optkit.onnx.Backend` (op by op, ``jit=False``), and sorts each into
+
+- **pass**: every output matches, with the runner's dtype check and the
+  case's tolerances;
+- **refused**: ``prepare`` refused the model with an
+  :class:`~optkit.onnx.UnsupportedOpError` (an operator, version, attribute
+  or element type optkit does not run); the reason is counted;
+- **skipped**: a case in :data:`SKIPPED`, which no backend passes by
+  computing what ONNX specifies (the reason is given);
+- **fail**: a wrong value or any other error.
+
+    python -m benchmarks.onnx_conformance                # about 2 minutes on 2 cores
+    python -m benchmarks.onnx_conformance --kind node --top 40
+    python -m benchmarks.onnx_conformance --list fail    # the failing cases and why
+
+The counts are recorded in benchmarks/RESULTS.md and docs/onnx-operators.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import unittest
+import warnings
+
+KINDS = ("node", "pytorch-converted", "pytorch-operator", "simple")
+
+# Cases no backend can pass by computing what ONNX specifies, and why (counted as skipped).
+SKIPPED = {
+    r"^test_training_dropout(_default)?(_mask)?_cpu$":
+        "Dropout in training mode with ratio > 0: ONNX leaves the random mask to the backend; "
+        "the expected values come from NumPy's generator",
+}
+
+
+def _cases(kinds):
+    import onnx.backend.test
+
+    import optkit.onnx
+
+    class _Backend(optkit.onnx.Backend):
+        @classmethod
+        def prepare(cls, model, device="CPU", **kwargs):
+            kwargs.setdefault("jit", False)
+            return super().prepare(model, device, **kwargs)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        backend_test = onnx.backend.test.BackendTest(_Backend, __name__)
+    by_kind = {}
+    for kind in kinds:
+        import onnx.backend.test.loader as loader
+
+        for case in loader.load_model_tests(kind=kind):
+            by_kind[case.name] = kind
+    for case_class in backend_test.test_cases.values():
+        for attr in sorted(vars(case_class)):
+            name = attr[: -len("_cpu")] if attr.endswith("_cpu") else None
+            if name in by_kind:
+                yield by_kind[name], attr, case_class(attr)
+
+
+def _reason(err: BaseException) -> str:
+    """A short reason for a refusal: the operator (and version) or the type refused."""
+    text = str(err)
+    m = re.search(r"unsupported operators? (?:version: )?(\w+)", text)
+    if m:
+        return f"operator {m.group(1)}"
+    m = re.search(r"unsupported operators?: (.*)", text)
+    if m:
+        return "operators " + m.group(1)[:60]
+    m = re.search(r"element type (\w+)", text)
+    if m:
+        return f"element type {m.group(1)}"
+    return text.splitlines()[0][:80]
+
+
+def run(kinds=KINDS):
+    """``{kind: Counter(outcome)}``, ``{reason: count}`` of refusals, and ``[(kind, case, outcome, why)]``."""
+    from optkit.onnx import UnsupportedOpError
+
+    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    reasons: collections.Counter = collections.Counter()
+    rows = []
+    for kind, name, test in _cases(kinds):
+        skip = [why for pattern, why in SKIPPED.items() if re.match(pattern, name)]
+        if skip:
+            counts[kind]["skipped"] += 1
+            rows.append((kind, name, "skipped", skip[0]))
+            continue
+        result = unittest.TestResult()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            test.run(result)
+        if result.skipped:
+            outcome, why = "refused", result.skipped[0][1]
+        elif result.errors or result.failures:
+            test_err = (result.errors or result.failures)[0][1]
+            if "UnsupportedOpError" in test_err:
+                outcome = "refused"
+                why = _reason(UnsupportedOpError(test_err.strip().splitlines()[-1]))
+                reasons[why] += 1
+            else:
+                outcome, why = "fail", test_err.strip().splitlines()[-1][:160]
+        else:
+            outcome, why = "pass", ""
+        counts[kind][outcome] += 1
+        rows.append((kind, name, outcome, why))
+    return counts, reasons, rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kind", action="append", choices=KINDS, help="case kinds (default: all four)")
+    parser.add_argument("--top", type=int, default=25, help="refusal reasons to list")
+    parser.add_argument("--list", choices=("pass", "refused", "skipped", "fail"),
+                        help="list the cases of one outcome")
+    args = parser.parse_args(argv)
+    counts, reasons, rows = run(tuple(args.kind or KINDS))
+    print("| kind | cases | pass | refused | skipped | fail |")
+    print("|---|---:|---:|---:|---:|---:|")
+    total = collections.Counter()
+    for kind, c in counts.items():
+        total.update(c)
+        print(f"| {kind} | {sum(c.values())} | {c['pass']} | {c['refused']} | {c['skipped']} | {c['fail']} |")
+    print(f"| all | {sum(total.values())} | {total['pass']} | {total['refused']} | {total['skipped']} | "
+          f"{total['fail']} |")
+    print("\nrefusals by reason:")
+    for why, n in reasons.most_common(args.top):
+        print(f"  {n:4d}  {why}")
+    if args.list:
+        print()
+        for kind, name, outcome, why in rows:
+            if outcome == args.list:
+                print(f"{kind:18s} {name:60s} {why}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Normalization and regularization layers: BatchNormalization, LayerNormalization,
+InstanceNormalization, LRN, Dropout.
+
+Statistics are computed in the input's type (LayerNormalization: in
+``stash_type``), with the population (biased) variance, as ONNX's function
+bodies and reference implementation compute them.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from optkit.onnx._ops._common import axis_index
+from optkit.onnx._ops._registry import Family
+from optkit.onnx._ops._values import onnx_dtype, static_value
+
+OPS = Family("normalization")
+
+
+def _channel(v, rank):
+    """A per-channel vector shaped to broadcast against (N, C, D1, ...)."""
+    return jnp.reshape(v, (1, -1) + (1,) * (rank - 2))
+
+
+@OPS.op("BatchNormalization", 6, 7, 9, 14, 15)
+def _batch_normalization(ctx):
+    eps = ctx.attrs.get("epsilon", 1e-5)
+    momentum = ctx.attrs.get("momentum", 0.9)
+    training = bool(ctx.attrs.get("training_mode", 0)) if ctx.version >= 14 else False
+    if ctx.version < 14 and any(ctx.has_output(i) for i in range(1, 5)):
+        raise ctx.unsupported(f"the training outputs of BatchNormalization-{ctx.version} (mean, var, "
+                              f"saved_mean, saved_var) are not supported; use opset 14 or later (training_mode)")
+    if ctx.version == 6 and not ctx.attrs.get("is_test", 0):
+        raise ctx.unsupported("BatchNormalization-6 in training mode (is_test=0) is not supported; use opset "
+                              "14 or later (training_mode)")
+    if ctx.version < 9 and not ctx.attrs.get("spatial", 1):
+        raise ctx.unsupported("spatial=0 (statistics per activation) is not supported")
+    if ctx.version >= 14 and not training and any(ctx.has_output(i) for i in (1, 2)):
+        raise ctx.error("running_mean and running_var are outputs only with training_mode=1")
+
+    def batch_normalization(x, scale, bias, mean, var):
+        rank = jnp.ndim(x)
+        if rank < 2:
+            raise ctx.error(f"X must be (N, C, ...), got shape {jnp.shape(x)}")
+        channels = jnp.shape(x)[1]
+        for v, what in ((scale, "scale"), (bias, "B"), (mean, "input_mean"), (var, "input_var")):
+            if jnp.shape(v) != (channels,):
+                raise ctx.error(f"{what} must have shape ({channels},), got {jnp.shape(v)}")
+        dtype = jnp.result_type(x)
+        if training:
+            axes = (0, *range(2, rank))
+            batch_mean = jnp.mean(x, axis=axes)
+            batch_var = jnp.mean(jnp.square(x - _channel(batch_mean, rank)), axis=axes)
+            use_mean, use_var = batch_mean, batch_var
+        else:
+            use_mean, use_var = mean, var
+        y = (_channel(scale, rank) * (x - _channel(use_mean, rank)) / jnp.sqrt(_channel(use_var, rank) + eps)
+             + _channel(bias, rank)).astype(dtype)
+        if not training:
+            return y
+        running_mean = (mean * momentum + batch_mean * (1 - momentum)).astype(jnp.result_type(mean))
+        running_var = (var * momentum + batch_var * (1 - momentum)).astype(jnp.result_type(var))
+        return y, running_mean, running_var
+
+    return batch_normalization
+
+
+@OPS.op("InstanceNormalization", 6, 22)
+def _instance_normalization(ctx):
+    eps = ctx.attrs.get("epsilon", 1e-5)
+
+    def instance_normalization(x, scale, bias):
+        rank = jnp.ndim(x)
+        if rank < 3 or jnp.shape(scale) != (jnp.shape(x)[1],) or jnp.shape(bias) != (jnp.shape(x)[1],):
+            raise ctx.error(f"X must be (N, C, D1, ...) and scale, B (C,), got shapes {jnp.shape(x)}, "
+                            f"{jnp.shape(scale)}, {jnp.shape(bias)}")
+        axes = tuple(range(2, rank))
+        mean = jnp.mean(x, axis=axes, keepdims=True)
+        var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+        return _channel(scale, rank) * (x - mean) / jnp.sqrt(var + eps) + _channel(bias, rank)
+
+    return instance_normalization
+
+
+@OPS.op("LayerNormalization", 17)
+def _layer_normalization(ctx):
+    axis = ctx.attrs.get("axis", -1)
+    eps = ctx.attrs.get("epsilon", 1e-5)
+    stash = onnx_dtype(ctx.attrs.get("stash_type", 1), ctx.message("attribute 'stash_type'"))
+    if not jnp.issubdtype(stash, jnp.floating):
+        raise ctx.error(f"stash_type must be a floating-point type, got {stash}")
+
+    def layer_normalization(x, scale, bias=None):
+        rank = jnp.ndim(x)
+        a = axis_index(ctx, axis, rank)
+        normalized = jnp.shape(x)[a:]
+        for v, what in ((scale, "Scale"), (bias, "B")):
+            if v is not None and jnp.broadcast_shapes(jnp.shape(v), normalized) != normalized:
+                raise ctx.error(f"{what} {jnp.shape(v)} cannot be broadcast to the normalized shape {normalized}")
+        dtype = jnp.result_type(x)
+        axes = tuple(range(a, rank))
+        xs = jnp.asarray(x).astype(stash)
+        mean = jnp.mean(xs, axis=axes, keepdims=True)
+        var = jnp.mean(jnp.square(xs - mean), axis=axes, keepdims=True)
+        inv_std = lax.rsqrt(var + jnp.asarray(eps, stash))
+        y = ((xs - mean) * inv_std).astype(dtype) * scale
+        if bias is not None:
+            y = y + bias
+        return y, mean, inv_std
+
+    return layer_normalization
+
+
+@OPS.op("LRN", 1, 13)
+def _lrn(ctx):
+    size = int(ctx.attrs["size"])
+    alpha, beta, bias = ctx.attrs.get("alpha", 1e-4), ctx.attrs.get("beta", 0.75), ctx.attrs.get("bias", 1.0)
+    if size < 1:
+        raise ctx.error(f"size must be >= 1, got {size}")
+
+    def lrn(x):
+        if jnp.ndim(x) < 3:
+            raise ctx.error(f"X must be (N, C, D1, ...), got shape {jnp.shape(x)}")
+        # the sum of squares over channels [c - floor((size-1)/2), c + ceil((size-1)/2)]
+        low, high = (size - 1) // 2, size - 1 - (size - 1) // 2
+        square = jnp.square(x)
+        padded = jnp.pad(square, [(0, 0), (low, high)] + [(0, 0)] * (jnp.ndim(x) - 2))
+        channels = jnp.shape(x)[1]
+        total = sum(lax.slice_in_dim(padded, i, i + channels, axis=1) for i in range(size))
+        return x / (bias + alpha / size * total) ** beta
+
+    return lrn
+
+
+@OPS.op("Dropout", 7, 10, 12, 13, 22, static_inputs=(1, 2))
+def _dropout(ctx):
+    seed = ctx.attrs.get("seed")
+
+    def dropout(x, ratio=None, training_mode=None):
+        if ctx.version < 12:
+            ratio_value, training = ctx.attrs.get("ratio", 0.5), False
+        else:
+            ratio_value = 0.5 if ratio is None else float(static_value(ratio, ctx, "ratio").reshape(()))
+            training = False if training_mode is None else bool(
+                static_value(training_mode, ctx, "training_mode").reshape(()))
+        if not 0 <= ratio_value < 1:
+            raise ctx.error(f"ratio must be in [0, 1), got {ratio_value}")
+        if not training or ratio_value == 0:
+            y, mask = x, jnp.ones(jnp.shape(x), bool)
+        else:
+            # ONNX leaves the random numbers to the backend: a mask drawn from `seed` (0 without one).
+            key = jax.random.key(int(seed) if seed is not None else 0)
+            mask = jax.random.bernoulli(key, 1 - ratio_value, jnp.shape(x))
+            scale = np.asarray(1 / (1 - ratio_value), jnp.result_type(x))
+            y = jnp.where(mask, x * scale, jnp.zeros((), jnp.result_type(x)))
+        return (y, mask) if ctx.has_output(1) else y
+
+    return dropout
