@@ -16,6 +16,10 @@ and simple cases (CPU) through ONNX's own runner with
     python -m benchmarks.onnx_conformance                # about 2 minutes on 2 cores
     python -m benchmarks.onnx_conformance --kind node --top 40
     python -m benchmarks.onnx_conformance --list fail    # the failing cases and why
+    python -m benchmarks.onnx_conformance --write-cases  # rewrite tests/onnx_backend_cases.txt
+
+``tests/onnx_backend_cases.txt`` lists the cases that pass; ``tests/test_onnx_backend.py``
+runs exactly those, so a case that stops passing fails the suite.
 
 The counts are recorded in benchmarks/RESULTS.md and docs/onnx-operators.md.
 """
@@ -24,11 +28,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import pathlib
 import re
 import unittest
 import warnings
 
 KINDS = ("node", "pytorch-converted", "pytorch-operator", "simple")
+CASES_FILE = pathlib.Path(__file__).resolve().parent.parent / "tests" / "onnx_backend_cases.txt"
 
 # Cases no backend can pass by computing what ONNX specifies, and why (counted as skipped).
 SKIPPED = {
@@ -120,8 +126,19 @@ def main(argv=None) -> None:
     parser.add_argument("--top", type=int, default=25, help="refusal reasons to list")
     parser.add_argument("--list", choices=("pass", "refused", "skipped", "fail"),
                         help="list the cases of one outcome")
+    parser.add_argument("--write-cases", action="store_true",
+                        help=f"write the passing cases to {CASES_FILE} (all four kinds)")
     args = parser.parse_args(argv)
     counts, reasons, rows = run(tuple(args.kind or KINDS))
+    if args.write_cases:
+        if args.kind and set(args.kind) != set(KINDS):
+            parser.error("--write-cases needs all four kinds")
+        failing = [name for _, name, outcome, _ in rows if outcome == "fail"]
+        if failing:
+            parser.error(f"{len(failing)} cases fail ({failing[:5]}...); fix them before writing the list")
+        passing = sorted(name.removesuffix("_cpu") for _, name, outcome, _ in rows if outcome == "pass")
+        CASES_FILE.write_text("# ONNX backend cases optkit.onnx passes (python -m benchmarks.onnx_conformance "
+                              "--write-cases)\n" + "\n".join(passing) + "\n")
     print("| kind | cases | pass | refused | skipped | fail |")
     print("|---|---:|---:|---:|---:|---:|")
     total = collections.Counter()

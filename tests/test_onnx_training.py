@@ -312,7 +312,7 @@ def test_checker_runs_first():
         optkit.onnx.prepare(model)
 
 
-@pytest.mark.parametrize("op, domain, opset", [("Erf", "", 17), ("Foo", "com.example", 1)])
+@pytest.mark.parametrize("op, domain, opset", [("Hardmax", "", 17), ("Foo", "com.example", 1)])
 def test_unsupported_op_names_type_domain_and_opset(op, domain, opset):
     node = helper.make_node(op, ["x"], ["y"], domain=domain)
     model = helper.make_model(
@@ -325,12 +325,12 @@ def test_unsupported_op_names_type_domain_and_opset(op, domain, opset):
 
 
 def test_unsupported_operator_version():
-    """Add-6 (legacy broadcast attribute) is not implemented; opset 6 must not run Add-7."""
+    """Add-1 (consumed_inputs) is not implemented; opset 5 must not run Add-6 or Add-7."""
     node = helper.make_node("Add", ["x", "x"], ["y"])
     model = helper.make_model(
         helper.make_graph([node], "g", [_info("x", np.float32, [2])], [_info("y", np.float32, [2])]),
-        opset_imports=[helper.make_opsetid("", 6)])
-    with pytest.raises(optkit.onnx.UnsupportedOpError, match=r"Add \(domain 'ai.onnx', opset 6\)"):
+        opset_imports=[helper.make_opsetid("", 5)])
+    with pytest.raises(optkit.onnx.UnsupportedOpError, match=r"Add \(domain 'ai.onnx', opset 5\)"):
         optkit.onnx.prepare(model)
 
 
