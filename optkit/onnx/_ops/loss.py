@@ -24,14 +24,13 @@ def _nll(ctx: NodeContext, log_prob, labels, weights, reduction: str, ignore_ind
         raise ctx.error(f"target must be int32 or int64, got {jnp.result_type(labels)}")
     dtype = jnp.result_type(log_prob)
     classes = jnp.shape(log_prob)[1]
-    if ignore_index is None:
-        keep = jnp.ones(jnp.shape(labels), bool)
-    else:
-        keep = labels != ignore_index
-    if isinstance(labels, (np.ndarray, np.generic)):
-        bad = np.asarray(labels)[np.asarray(keep) & ((labels < 0) | (labels >= classes))]
+    if isinstance(labels, (np.ndarray, np.generic)):  # known at load time (an initializer): checked now
+        labels = np.asarray(labels)
+        kept = np.ones(labels.shape, bool) if ignore_index is None else labels != ignore_index
+        bad = labels[kept & ((labels < 0) | (labels >= classes))]
         if bad.size:
             raise ctx.error(f"target labels {bad.tolist()[:8]} are out of range for {classes} classes")
+    keep = jnp.ones(jnp.shape(labels), bool) if ignore_index is None else labels != ignore_index
     # Tested in the labels' own dtype (an int64 label of 2**32 + 1 must not wrap to class 1).
     valid = (labels >= 0) & (labels < classes)
     # An ignored label may be out of range (e.g. -1): gather at 0, then zero it; a kept label out
