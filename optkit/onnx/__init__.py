@@ -18,6 +18,8 @@ import ``onnx``.
 - :func:`prepare` / :class:`BackendRep` — load once, :meth:`~optkit.onnx.BackendRep.run` many times;
 - :func:`run_model`, :func:`run_node` — one-off runs;
 - :class:`Backend` — an ``onnx.backend.base.Backend`` for ONNX's test runner;
+- :func:`make_training_model` — an inference model plus a loss, a Gradient node and an optimizer
+  node over its initializers; :func:`with_initializers` writes trained weights back;
 - :func:`supported_ops` — the op table's ``(domain, op_type, since_version)`` rows;
 - :class:`UnsupportedOpError` — raised for operators, versions or types optkit does not run;
 - :class:`TensorTooLargeError` — a tensor above ``max_tensor_bytes`` (default
@@ -57,6 +59,7 @@ from optkit.onnx._errors import TensorTooLargeError, UnsupportedOpError
 from optkit.onnx._files import ModelSource, load_model
 from optkit.onnx._limits import GRADIENT_DEPTH_CEILING, MAX_GRADIENT_DEPTH, default_max_tensor_bytes
 from optkit.onnx._ops import supported_ops
+from optkit.onnx._training_model import make_training_model, with_initializers
 
 __all__ = [
     "Backend",
@@ -69,9 +72,11 @@ __all__ = [
     "UnsupportedOpError",
     "default_max_tensor_bytes",
     "load_model",
+    "make_training_model",
     "prepare",
     "run_model",
     "run_node",
     "supported_ops",
     "to_graph",
+    "with_initializers",
 ]

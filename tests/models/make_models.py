@@ -170,6 +170,9 @@ def torch_models():
     }
     for module, _, _ in models.values():
         module.eval()
+        with torch.no_grad():  # no two parameters equal (exporters merge equal initializers: LayerNorm's ones)
+            for p in module.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
         for m in module.modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.running_mean.uniform_(-0.5, 0.5, generator=g)
@@ -232,6 +235,7 @@ def _strip_doc(model, path):
 def _torch_gradients(module_64, x, params, model, out_shape) -> dict:
     """float64 gradients of sum(output * C) with respect to the input and the named parameters
     that appear as initializers of the ONNX model under the same name and shape."""
+    import onnx.numpy_helper
     import torch
 
     rng = np.random.default_rng(SEED)
@@ -241,7 +245,11 @@ def _torch_gradients(module_64, x, params, model, out_shape) -> dict:
     x64 = x.double().requires_grad_(True) if x.is_floating_point() else x
     out = module_64(x64)
     loss = (out * torch.from_numpy(c)).sum()
-    wanted = [p for p in params if p in inits and inits[p] == tuple(named[p].shape)]
+    values = {i.name: i for i in model.graph.initializer}
+    # Only parameters the ONNX initializer of that name holds unchanged (the dynamo exporter folds
+    # BatchNormalization into the convolution before it, under the convolution's name).
+    wanted = [p for p in params if p in inits and inits[p] == tuple(named[p].shape)
+              and np.allclose(onnx.numpy_helper.to_array(values[p]), named[p].detach().numpy(), rtol=1e-6)]
     tensors = ([x64] if x.is_floating_point() else []) + [named[p] for p in wanted]
     data = {"C": c}
     if not tensors:

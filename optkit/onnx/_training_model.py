@@ -1,0 +1,232 @@
+"""Inference graph -> training graph: a loss, a Gradient node and an optimizer node over its initializers.
+
+Built with ``onnx.helper`` only; the result is an ordinary ONNX model (opset
+``ai.onnx.preview.training`` 1 added), which :func:`optkit.onnx.prepare` runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from optkit.onnx._ops._values import TRAINING_DOMAIN, normalize_domain
+
+__all__ = ["make_training_model", "with_initializers"]
+
+_LOSSES = ("softmax_cross_entropy", "mean_squared_error")
+# optimizer -> (state slots per parameter, the node's defaults for its attributes)
+_OPTIMIZERS = {"adam": (("adam_v", "adam_h"), {}), "adagrad": (("adagrad_h",), {}),
+               "momentum": (("momentum_v",), {"alpha": 0.9, "beta": 1.0, "mode": "standard",
+                                              "norm_coefficient": 0.0})}
+
+
+def make_training_model(
+    model: onnx.ModelProto,
+    *,
+    loss: str = "softmax_cross_entropy",
+    optimizer: str = "adam",
+    trainable: Sequence[str] | None = None,
+    output: str | None = None,
+    optimizer_attributes: Mapping[str, Any] | None = None,
+) -> onnx.ModelProto:
+    """A training step of ``model``: its loss, a Gradient node over its parameters and an optimizer node.
+
+    The inference model is kept as it is, and nodes are added after it (SPEC 6, SPEC 1-4):
+    ``loss`` of the output ``output`` (``SoftmaxCrossEntropyLoss`` against int64 ``labels`` of
+    shape ``[N]`` for an ``[N, C]`` output, or the mean of squared differences from a ``target``
+    of the output's shape), ``Gradient`` of the loss with respect to each trainable initializer,
+    and an ``Adam``, ``Adagrad`` or ``Momentum`` node (``ai.onnx.preview.training``) that updates
+    them. The new model's inputs are the model's own, then ``labels`` or ``target``, the learning
+    rate ``R`` (float scalar), the step count ``T`` (int64 scalar; ONNX Adam's ``T`` is the
+    number of steps taken, 0 at the first), then each parameter and its optimizer state
+    (``<name>.adam_v``, ``<name>.adam_h``; ``.adagrad_h``; ``.momentum_v``), which stay
+    initializers (their current values; zeros for the state) so that a run may leave them out.
+    Its outputs are ``loss``, then ``<name>.new`` for each parameter, then the new state
+    (``<name>.adam_v.new``...) in the order the inputs list them: feed each back for the next
+    step, or write the parameters into the inference model with :func:`with_initializers`.
+
+    Args:
+      model: the inference model; not modified.
+      loss: ``"softmax_cross_entropy"`` or ``"mean_squared_error"``.
+      optimizer: ``"adam"``, ``"adagrad"`` or ``"momentum"``.
+      trainable: the initializer names to train; default every floating-point initializer of
+        rank >= 1 that a node reads and that holds only finite values (exporters' scalar constants
+        and attention masks of -inf stay fixed). Integer initializers are never trainable.
+      output: the graph output the loss is taken of; default the first.
+      optimizer_attributes: the optimizer node's attributes (``alpha``, ``beta``, ``epsilon``,
+        ``norm_coefficient``, ``decay_factor``... as ONNX names them); ONNX's defaults otherwise
+        (Momentum: ``alpha=0.9, beta=1.0, mode="standard", norm_coefficient=0``, which ONNX
+        requires to be given).
+
+    Returns:
+      A new ``onnx.ModelProto`` that passes ``onnx.checker``.
+
+    Raises:
+      ValueError: an unknown ``loss`` or ``optimizer``, an ``output`` or ``trainable`` name the
+        model does not have, a non-float trainable initializer, no trainable initializer, or a
+        name the added tensors would take (``labels``, ``loss``...) already used in the model.
+
+    Example:
+      >>> import numpy as np, optkit.onnx
+      >>> from onnx import TensorProto, helper, numpy_helper
+      >>> graph = helper.make_graph(
+      ...     [helper.make_node("Gemm", ["x", "W", "b"], ["logits"])], "linear",
+      ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+      ...     [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 2])],
+      ...     [numpy_helper.from_array(np.zeros((3, 2), np.float32), "W"),
+      ...      numpy_helper.from_array(np.zeros(2, np.float32), "b")])
+      >>> model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+      >>> train = optkit.onnx.make_training_model(model)
+      >>> step = optkit.onnx.prepare(train)
+      >>> out = step.run({"x": np.ones((4, 3), np.float32), "labels": np.zeros(4, np.int64),
+      ...                 "R": np.float32(0.1), "T": np.int64(0)})
+      >>> round(float(out.loss), 4), out[1].shape
+      (0.6931, (3, 2))
+
+    Source: ONNX ``ai.onnx.preview.training`` Gradient, Adam, Adagrad and Momentum (SPEC 1-6).
+    """
+    if loss not in _LOSSES:
+        raise ValueError(f"loss must be one of {_LOSSES}, got {loss!r}")
+    if optimizer not in _OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {sorted(_OPTIMIZERS)}, got {optimizer!r}")
+    graph = model.graph
+    outputs = [o.name for o in graph.output]
+    if output is None:
+        if not outputs:
+            raise ValueError("the model has no output to take the loss of")
+        output = outputs[0]
+    elif output not in outputs:
+        raise ValueError(f"output {output!r} is not a graph output; the outputs are {outputs}")
+    initializers = {i.name: i for i in graph.initializer}
+    read = {name for node in graph.node for name in node.input}
+    floats = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    if trainable is None:  # exporters' constants are left out: scalars, and tensors holding inf or NaN (masks)
+        trainable = [n for n, i in initializers.items() if i.data_type in floats and n in read and len(i.dims)
+                     and i.data_location != onnx.TensorProto.EXTERNAL
+                     and np.all(np.isfinite(numpy_helper.to_array(i)))]
+    trainable = list(trainable)
+    for name in trainable:
+        if name not in initializers:
+            raise ValueError(f"trainable name {name!r} is not an initializer of the model")
+        if initializers[name].data_type not in floats:
+            raise ValueError(f"initializer {name!r} is not floating-point and cannot be trained")
+    if not trainable:
+        raise ValueError("the model has no floating-point initializer to train")
+    slots, defaults = _OPTIMIZERS[optimizer]
+    target = "labels" if loss == "softmax_cross_entropy" else "target"
+    added = [target, "R", "T", "loss", "loss.squared", "loss.difference"]
+    added += [f"{p}.{s}" for p in trainable for s in slots] + [f"{p}.new" for p in trainable]
+    added += [f"{p}.{s}.new" for p in trainable for s in slots] + [f"{p}.grad" for p in trainable]
+    used = set(read) | {o for node in graph.node for o in node.output} | {i.name for i in graph.input} \
+        | set(initializers)
+    clash = sorted(set(added) & used)
+    if clash:
+        raise ValueError(f"the model already uses the names {clash}, which the training graph adds")
+
+    out_info = next(o for o in graph.output if o.name == output)
+    elem = out_info.type.tensor_type.elem_type or TensorProto.FLOAT
+    out_dims = [d.dim_param or (d.dim_value if d.HasField("dim_value") else None) or None
+                for d in out_info.type.tensor_type.shape.dim]
+    nodes = list(graph.node)
+    if loss == "softmax_cross_entropy":
+        target_info = helper.make_tensor_value_info(target, TensorProto.INT64, out_dims[:1] or ["N"])
+        nodes.append(helper.make_node("SoftmaxCrossEntropyLoss", [output, target], ["loss"], name="loss"))
+    else:
+        target_info = helper.make_tensor_value_info(target, elem, out_dims)
+        nodes += [helper.make_node("Sub", [output, target], ["loss.difference"], name="loss.difference"),
+                  helper.make_node("Mul", ["loss.difference", "loss.difference"], ["loss.squared"],
+                                   name="loss.squared"),
+                  helper.make_node("ReduceMean", ["loss.squared"], ["loss"], keepdims=0, name="loss")]
+    inputs_of_model = [i for i in graph.input if i.name not in initializers]
+    data_inputs = [i.name for i in inputs_of_model] + [target]
+    grads = [f"{p}.grad" for p in trainable]
+    nodes.append(helper.make_node("Gradient", trainable + data_inputs, grads, domain=TRAINING_DOMAIN,
+                                  xs=trainable, zs=data_inputs, y="loss", name="gradient"))
+    states = [[f"{p}.{s}" for p in trainable] for s in slots]
+    attrs = {**defaults, **dict(optimizer_attributes or {})}
+    node_inputs = ["R", "T", *trainable, *grads, *[name for group in states for name in group]]
+    node_outputs = [f"{name}.new" for name in [*trainable, *[n for group in states for n in group]]]
+    nodes.append(helper.make_node(optimizer.capitalize(), node_inputs, node_outputs, domain=TRAINING_DOMAIN,
+                                  name=optimizer, **attrs))
+
+    def info(name, tensor):
+        return helper.make_tensor_value_info(name, tensor.data_type, list(tensor.dims))
+
+    new_inputs = list(inputs_of_model) + [
+        target_info,
+        helper.make_tensor_value_info("R", TensorProto.FLOAT, []),
+        helper.make_tensor_value_info("T", TensorProto.INT64, []),
+    ]
+    new_inputs += [info(p, initializers[p]) for p in trainable]
+    state_inits = []
+    for group in states:
+        for name, p in zip(group, trainable):
+            new_inputs.append(info(name, initializers[p]))
+            state_inits.append(_zeros_like(initializers[p], name))
+    new_outputs = [helper.make_tensor_value_info("loss", elem, [])]
+    new_outputs += [info(f"{p}.new", initializers[p]) for p in trainable]
+    new_outputs += [info(f"{name}.new", initializers[p]) for group in states for name, p in zip(group, trainable)]
+    # Initializers that are now graph inputs keep their values as defaults (IR version >= 4).
+    new_graph = helper.make_graph(nodes, f"{graph.name}_training", new_inputs, new_outputs,
+                                  initializer=list(graph.initializer) + state_inits,
+                                  value_info=list(graph.value_info))
+    opsets = [o for o in model.opset_import if normalize_domain(o.domain) != TRAINING_DOMAIN]
+    default = [o for o in opsets if normalize_domain(o.domain) == ""]
+    if not default or default[0].version < 13:
+        raise ValueError("the model must import ai.onnx opset 13 or later (SoftmaxCrossEntropyLoss-13, "
+                         "ReduceMean with keepdims)")
+    training = helper.make_model(new_graph, opset_imports=[*opsets, helper.make_opsetid(TRAINING_DOMAIN, 1)],
+                                 ir_version=max(model.ir_version, 7), producer_name="optkit.onnx.make_training_model")
+    for function in model.functions:
+        training.functions.append(function)
+    onnx.checker.check_model(training)
+    return training
+
+
+def _zeros_like(tensor: onnx.TensorProto, name: str) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.zeros(tuple(tensor.dims), helper.tensor_dtype_to_np_dtype(tensor.data_type)),
+                                   name)
+
+
+def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx.ModelProto:
+    """A copy of ``model`` with the initializers named in ``values`` replaced (trained weights saved).
+
+    Args:
+      model: an ONNX model; not modified.
+      values: initializer name -> array of the initializer's shape (its dtype is kept).
+
+    Returns:
+      A new ``onnx.ModelProto``.
+
+    Raises:
+      ValueError: a name that is not an initializer, or an array of another shape.
+
+    Example:
+      >>> import numpy as np, optkit.onnx
+      >>> from onnx import TensorProto, helper, numpy_helper
+      >>> graph = helper.make_graph([helper.make_node("Add", ["x", "b"], ["y"])], "g",
+      ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+      ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+      ...     [numpy_helper.from_array(np.zeros(2, np.float32), "b")])
+      >>> model = helper.make_model(graph)
+      >>> new = optkit.onnx.with_initializers(model, {"b": np.array([1.0, 2.0])})
+      >>> numpy_helper.to_array(new.graph.initializer[0])
+      array([1., 2.], dtype=float32)
+    """
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    index = {init.name: i for i, init in enumerate(new.graph.initializer)}
+    for name, value in values.items():
+        if name not in index:
+            raise ValueError(f"{name!r} is not an initializer of the model")
+        old = new.graph.initializer[index[name]]
+        array = np.asarray(value)
+        if tuple(array.shape) != tuple(old.dims):
+            raise ValueError(f"initializer {name!r} has shape {list(old.dims)}, got {array.shape}")
+        dtype = helper.tensor_dtype_to_np_dtype(old.data_type)
+        new.graph.initializer[index[name]].CopyFrom(numpy_helper.from_array(array.astype(dtype), name))
+    return new

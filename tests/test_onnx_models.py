@@ -1,0 +1,133 @@
+"""optkit.onnx on models real exporters wrote (tests/models, made by tests/models/make_models.py).
+
+Each exported model (torch.onnx TorchScript at opset 17 and dynamo at opset 20, jax2onnx at
+opset 23; versions in tests/models/versions.json) is loaded, run and compared with ONNX
+Runtime's output saved at export; differentiated through a Gradient node and compared with the
+framework's float64 gradients saved at export; and trained for 3 Adam steps with
+:func:`optkit.onnx.make_training_model` (the loss falls at every step). The onnx package's
+``light_*`` model-zoo graphs (weights made by their ConstantOfShape nodes) are run against
+ONNX Runtime's outputs. None of this needs torch, jax2onnx or onnxruntime.
+"""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+
+import onnx  # noqa: E402
+from onnx import helper, numpy_helper  # noqa: E402
+
+import optkit.onnx  # noqa: E402
+
+MODELS = pathlib.Path(__file__).parent / "models"
+VERSIONS = json.loads((MODELS / "versions.json").read_text())
+EXPORTED = sorted(p.stem for p in MODELS.glob("*.onnx"))
+LIGHT = sorted(name for name in VERSIONS["models"] if name.startswith("light_"))
+TRAINING = "ai.onnx.preview.training"
+
+
+def _load(name):
+    return onnx.load(str(MODELS / f"{name}.onnx")), np.load(MODELS / f"{name}.npz")
+
+
+def test_the_model_set_is_complete():
+    """Every model the issue lists is exported and committed, or recorded as one its exporter cannot write."""
+    names = {"mlp", "cnn", "resnet18", "mobilenet_v3_small", "transformer_encoder", "lstm", "gru", "vit", "bert",
+             "gpt2"}
+    records = VERSIONS["models"]
+    for exporter in ("torchscript", "dynamo"):
+        for name in names:
+            stem = f"torch_{exporter}_{name}"
+            assert stem in EXPORTED or "not exported" in records[stem], stem
+    assert {"jax2onnx_mlp", "jax2onnx_cnn", "jax2onnx_transformer_block"} <= set(EXPORTED)
+    assert len(LIGHT) == 9
+    assert len(EXPORTED) + len(LIGHT) >= 31
+    assert {"torch", "onnxruntime", "jax2onnx", "transformers"} <= set(VERSIONS["packages"])
+
+
+@pytest.mark.parametrize("name", EXPORTED)
+def test_inference_matches_onnx_runtime(name):
+    model, data = _load(name)
+    (got,) = optkit.onnx.prepare(model).run([data["input"]])
+    want = data["output"]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.max(np.abs(want)))
+
+
+def _gradient_model(model, data):
+    """The model with loss = sum(output * C) and a Gradient node for the input and saved parameters."""
+    graph = model.graph
+    output = graph.output[0].name
+    wanted = [key.split(":", 1)[1] for key in data.files if key.startswith("grad:")]
+    xs = [graph.input[0].name if w == "input" else w for w in wanted]
+    c = numpy_helper.from_array(data["C"].astype(np.float32), "C.weights")
+    data_input = graph.input[0].name
+    zs = [] if data_input in xs else [data_input]
+    gradient = helper.make_node("Gradient", xs + zs, [f"{x}.grad" for x in xs], domain=TRAINING, xs=xs, y="C.loss")
+    if zs:
+        gradient.attribute.append(helper.make_attribute("zs", zs))
+    nodes = list(graph.node) + [
+        helper.make_node("Mul", [output, "C.weights"], ["C.product"]),
+        helper.make_node("ReduceSum", ["C.product"], ["C.loss"], keepdims=0),
+        gradient,
+    ]
+    outputs = [helper.make_tensor_value_info(f"{x}.grad", onnx.TensorProto.FLOAT, list(data[f"grad:{w}"].shape))
+               for x, w in zip(xs, wanted)]
+    new = helper.make_graph(nodes, graph.name, list(graph.input), outputs,
+                            initializer=list(graph.initializer) + [c], value_info=list(graph.value_info))
+    opsets = [o for o in model.opset_import] + [helper.make_opsetid(TRAINING, 1)]
+    result = helper.make_model(new, opset_imports=opsets, ir_version=model.ir_version)
+    result.functions.extend(model.functions)
+    return result, wanted
+
+
+@pytest.mark.parametrize("name", EXPORTED)
+def test_gradient_matches_the_framework_float64_gradient(name):
+    model, data = _load(name)
+    grad_model, wanted = _gradient_model(model, data)
+    assert wanted, "the export saved no gradient"
+    got = optkit.onnx.prepare(grad_model).run([data["input"]])
+    for key, g in zip(wanted, got):
+        want = data[f"grad:{key}"]
+        assert g.shape == want.shape, key
+        scale = np.max(np.abs(want))
+        np.testing.assert_allclose(g, want, rtol=2e-3, atol=2e-4 * scale, err_msg=f"{name}: d loss / d {key}")
+
+
+@pytest.mark.parametrize("name", EXPORTED)
+def test_three_adam_steps_lower_the_loss(name):
+    model, data = _load(name)
+    train = optkit.onnx.make_training_model(model, loss="mean_squared_error", optimizer="adam")
+    step = optkit.onnx.prepare(train)
+    rng = np.random.default_rng(0)
+    feeds = {model.graph.input[0].name: data["input"],
+             "target": (data["output"] + rng.normal(size=data["output"].shape)).astype(np.float32),
+             "R": np.float32(1e-3), "T": np.int64(0)}
+    names = [o.name for o in train.graph.output]
+    losses = []
+    for t in range(4):
+        out = step.run(feeds)
+        losses.append(float(out[0]))
+        feeds.update({n.removesuffix(".new"): v for n, v in zip(names[1:], out[1:])})
+        feeds["T"] = np.int64(t + 1)
+    assert all(np.isfinite(losses)) and all(b < a for a, b in zip(losses, losses[1:])), losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LIGHT)
+def test_model_zoo_light_graph_matches_onnx_runtime(name):
+    """The onnx package's light_* graphs, weights made by ConstantOfShape, against ONNX Runtime."""
+    folder = pathlib.Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+    model = onnx.load(str(folder / f"{name}.onnx"))
+    data = np.load(MODELS / f"{name}.npz")
+    rng = np.random.default_rng(VERSIONS["seed"])  # the input make_models.py gave ONNX Runtime
+    inits = {i.name for i in model.graph.initializer}
+    feeds = {vi.name: rng.uniform(0, 1, size=[d.dim_value or 1 for d in vi.type.tensor_type.shape.dim])
+             .astype(np.float32) for vi in model.graph.input if vi.name not in inits}
+    got = optkit.onnx.prepare(model).run(feeds)
+    for i, g in enumerate(got):
+        want = data[f"output:{i}"]
+        np.testing.assert_allclose(g, want, rtol=1e-3, atol=1e-4 * max(np.max(np.abs(want)), 1e-6))
