@@ -32,3 +32,19 @@ def test_scanned_lm_trains_as_the_unrolled_one(tmp_path):
 
 # Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').
 pytestmark = pytest.mark.slow
+
+
+def test_onnx_finetune_trains_an_exported_model_and_saves_it(tmp_path):
+    import onnx
+
+    from examples import onnx_finetune
+
+    result = onnx_finetune.main(["--steps", "40", "--out", str(tmp_path)])
+    assert result["accuracy"] > result["accuracy_before"] + 0.3, result
+    assert np.mean(result["losses"][-5:]) < result["losses"][0]
+    saved = onnx.load(result["path"])
+    onnx.checker.check_model(saved)
+    assert not any(n.domain == "ai.onnx.preview.training" for n in saved.graph.node)  # inference only
+    if result["ort_accuracy"] is not None:
+        assert result["ort_accuracy"] == result["accuracy"]
+    assert (tmp_path / "onnx_finetune_loss.png").stat().st_size > 0
