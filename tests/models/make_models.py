@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import io
 import importlib.util
+import io
 import json
 import pathlib
 import re
