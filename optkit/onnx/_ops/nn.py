@@ -304,24 +304,22 @@ def _average_pool(ctx):
     return average_pool
 
 
-@OPS.op("GlobalAveragePool", 1, 22)
-def _global_average_pool(ctx):
-    def global_average_pool(x):
-        if jnp.ndim(x) < 3:
-            raise ctx.error(f"X must be (N, C, D1, ...), got shape {jnp.shape(x)}")
-        return jnp.mean(x, axis=tuple(range(2, jnp.ndim(x))), keepdims=True)
+def _global_pool_builder(reduce):
+    """GlobalAveragePool / GlobalMaxPool: ``reduce`` over every spatial axis of (N, C, D1, ...)."""
 
-    return global_average_pool
+    def build(ctx):
+        def global_pool(x):
+            if jnp.ndim(x) < 3:
+                raise ctx.error(f"X must be (N, C, D1, ...), got shape {jnp.shape(x)}")
+            return reduce(x, axis=tuple(range(2, jnp.ndim(x))), keepdims=True)
+
+        return global_pool
+
+    return build
 
 
-@OPS.op("GlobalMaxPool", 1, 22)
-def _global_max_pool(ctx):
-    def global_max_pool(x):
-        if jnp.ndim(x) < 3:
-            raise ctx.error(f"X must be (N, C, D1, ...), got shape {jnp.shape(x)}")
-        return jnp.max(x, axis=tuple(range(2, jnp.ndim(x))), keepdims=True)
-
-    return global_max_pool
+OPS.op("GlobalAveragePool", 1, 22)(_global_pool_builder(jnp.mean))
+OPS.op("GlobalMaxPool", 1, 22)(_global_pool_builder(jnp.max))
 
 
 @OPS.op("ConvTranspose", 1, 11, 22)
