@@ -80,6 +80,14 @@ def _init(name, params):
     return lambda: ALIASES[name]().init(params)
 
 
+def _gemm_model():
+    """logits = Gemm(x, W, b): an inference model with two initializers."""
+    return _model([helper.make_node("Gemm", ["x", "W", "b"], ["y"])], [_info("x", TensorProto.FLOAT, ["N", 3])],
+                  [_info("y", TensorProto.FLOAT, ["N", 2])],
+                  initializers=[onnx.numpy_helper.from_array(np.zeros((3, 2), np.float32), "W"),
+                                onnx.numpy_helper.from_array(np.zeros(2, np.float32), "b")])
+
+
 def _model(nodes, inputs, outputs, opsets=(("", 17),), initializers=()):
     return onnx_model(nodes, inputs, outputs, initializers, opsets)
 
@@ -584,6 +592,13 @@ for fn, case, thunk, exc, words in [
     ("run_node", "input count", lambda: optkit.onnx.run_node(helper.make_node("Add", ["a", "b"], ["c"]), [np.ones(2)]), ValueError, "node Add has 2 inputs ['a', 'b'], got 1 values"),
     ("run_node", "unsupported operator", lambda: optkit.onnx.run_node(helper.make_node("Hardmax", ["a"], ["c"]), [np.ones(2, np.float32)]), optkit.onnx.UnsupportedOpError, "unsupported operator Hardmax"),
     ("run_node", "Momentum without mode", lambda: optkit.onnx.run_node(helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["X2", "V2"], domain="ai.onnx.preview.training", alpha=0.9, beta=1.0, norm_coefficient=0.0), [np.float32(0.1), np.int64(0), *[np.ones(2, np.float32)] * 3]), ValueError, "'mode' is missing"),
+    ("make_training_model", "unknown loss", lambda: optkit.onnx.make_training_model(_gemm_model(), loss="hinge"), ValueError, "loss must be one of"),
+    ("make_training_model", "unknown optimizer", lambda: optkit.onnx.make_training_model(_gemm_model(), optimizer="sgd"), ValueError, "optimizer must be one of"),
+    ("make_training_model", "trainable not an initializer", lambda: optkit.onnx.make_training_model(_gemm_model(), trainable=["x"]), ValueError, "'x' is not an initializer"),
+    ("make_training_model", "unknown output", lambda: optkit.onnx.make_training_model(_gemm_model(), output="z"), ValueError, "output 'z' is not a graph output"),
+    ("with_initializers", "unknown name", lambda: optkit.onnx.with_initializers(_gemm_model(), {"x": np.ones(2)}), ValueError, "'x' is not an initializer"),
+    ("with_initializers", "wrong shape", lambda: optkit.onnx.with_initializers(_gemm_model(), {"W": np.ones(2)}), ValueError, "has shape [3, 2]"),
+    ("with_initializers", "not a mapping", lambda: optkit.onnx.with_initializers(_gemm_model(), [("W", 1)]), TypeError, "values must map initializer names to arrays, got list"),
     ("Backend", "run_model garbage", lambda: optkit.onnx.Backend.run_model(b"garbage", []), ValueError, "malformed ONNX model bytes"),
     ("Backend", "prepare on a bad device", lambda: optkit.onnx.Backend.prepare(_relu(), "CUDA:x"), ValueError, "device must be 'CPU' or 'CUDA[:index]', got 'CUDA:x'"),
     ("Backend", "run_node kwargs", lambda: optkit.onnx.Backend.prepare(_relu()).run([np.ones(3, np.float32)], bogus=1), TypeError, "unexpected keyword arguments ['bogus']"),

@@ -203,6 +203,7 @@ def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx
       A new ``onnx.ModelProto``.
 
     Raises:
+      TypeError: ``values`` is not a mapping.
       ValueError: a name that is not an initializer, or an array of another shape.
 
     Example:
@@ -217,6 +218,8 @@ def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx
       >>> numpy_helper.to_array(new.graph.initializer[0])
       array([1., 2.], dtype=float32)
     """
+    if not isinstance(values, Mapping):
+        raise TypeError(f"values must map initializer names to arrays, got {type(values).__name__}")
     new = onnx.ModelProto()
     new.CopyFrom(model)
     index = {init.name: i for i, init in enumerate(new.graph.initializer)}
