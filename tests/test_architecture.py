@@ -33,8 +33,22 @@ def test_optimizers_never_import_the_onnx_backend_and_operators_no_onnx_stage():
     for unit, targets in EDGES.items():
         if unit.startswith("optkit/_src") or unit in ("optkit", "optkit/ops"):
             assert not any(t.startswith("optkit/onnx") for t in targets), (unit, targets)
-    stages = {"optkit/onnx/_files", "optkit/onnx/_convert", "optkit/onnx/_backend"}
-    assert not EDGES["optkit/onnx/_ops"] & stages
+    assert not EDGES["optkit/onnx/_ops"] & set(STAGES)
+
+
+# The load pipeline's stages in the order they run, then what uses a loaded model.
+STAGES = [f"optkit/onnx/_{m}" for m in ("files", "operators", "functions", "protos", "analysis", "convert",
+                                           "load", "backend", "training_model")]
+
+
+def test_the_load_pipeline_only_goes_forward():
+    """No stage imports a later one: the pipeline is a straight line, and one entry (_load) runs it."""
+    for i, stage in enumerate(STAGES):
+        later = EDGES[stage] & set(STAGES[i + 1:])
+        assert not later, f"{stage} imports the later stage(s) {later}"
+    assert {"optkit/onnx/_files", "optkit/onnx/_operators", "optkit/onnx/_convert"} <= EDGES["optkit/onnx/_load"]
+    assert "optkit/onnx/_load" in EDGES["optkit/onnx/_backend"]
+    assert not EDGES["optkit/onnx/_backend"] & {"optkit/onnx/_operators", "optkit/onnx/_functions"}
 
 
 def test_the_adafactor_and_graph_packages_are_split_by_concern():

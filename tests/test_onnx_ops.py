@@ -18,7 +18,8 @@ import onnx.shape_inference  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
-from optkit.onnx._ops import TABLE, _registry, _values  # noqa: E402
+from optkit.onnx import _protos  # noqa: E402
+from optkit.onnx._ops import TABLE, _values  # noqa: E402
 from tests.helpers import onnx_info as _info  # noqa: E402
 
 JIT = [pytest.param(True, id="jit"), pytest.param(False, id="nojit")]
@@ -75,13 +76,13 @@ def test_required_operators_are_in_the_table():
     ("Add", 7, 7), ("Add", 13, 13), ("Add", 25, 14), ("Unsqueeze", 12, 11), ("Unsqueeze", 13, 13),
 ])
 def test_lookup_picks_newest_version_not_above_opset(op, opset, version):
-    assert TABLE.lookup("", op, opset)[0].since_version == version
-    assert TABLE.lookup("ai.onnx", op, opset)[0].since_version == version
+    assert TABLE.lookup("", op, opset)[1] == version
+    assert TABLE.lookup("ai.onnx", op, opset)[1] == version
 
 
 def test_lookup_refuses_a_newer_onnx_version_it_does_not_implement(monkeypatch):
     monkeypatch.setitem(TABLE._versions, ("", "Relu"), [6, 13])  # as if Relu-14 were not implemented
-    assert TABLE.lookup("", "Relu", 13)[0].since_version == 13
+    assert TABLE.lookup("", "Relu", 13)[1] == 13
     with pytest.raises(optkit.onnx.UnsupportedOpError, match=r"Relu \(domain 'ai.onnx', opset 14\) means Relu-14"):
         TABLE.lookup("", "Relu", 14)
 
@@ -99,15 +100,15 @@ def test_parse_attributes_fills_schema_defaults_and_decodes():
     node = helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], mode="nesterov", alpha=0.5,
                             beta=1.0, norm_coefficient=0.0, domain=_values.TRAINING_DOMAIN)
     schema = onnx.defs.get_schema("Momentum", 1, _values.TRAINING_DOMAIN)
-    attrs = _registry.parse_attributes(node, schema, "here")
+    attrs = _protos.parse_attributes(node, schema, "here")
     assert attrs == {"mode": "nesterov", "alpha": 0.5, "beta": 1.0, "norm_coefficient": 0.0}
     node = helper.make_node("Adagrad", ["R", "T", "X", "G", "H"], ["Y", "W"], domain=_values.TRAINING_DOMAIN)
-    attrs = _registry.parse_attributes(node, onnx.defs.get_schema("Adagrad", 1, _values.TRAINING_DOMAIN), "here")
+    attrs = _protos.parse_attributes(node, onnx.defs.get_schema("Adagrad", 1, _values.TRAINING_DOMAIN), "here")
     assert attrs == {"decay_factor": 0.0, "epsilon": pytest.approx(1e-6), "norm_coefficient": 0.0}
     del node.attribute[:]
     node = helper.make_node("Momentum", ["R", "T", "X", "G", "V"], ["Y", "W"], domain=_values.TRAINING_DOMAIN)
     with pytest.raises(ValueError, match="here: the required attribute '.*' is missing"):
-        _registry.parse_attributes(node, schema, "here")
+        _protos.parse_attributes(node, schema, "here")
 
 
 @pytest.mark.parametrize("elem_type, dtype", [

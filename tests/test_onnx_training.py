@@ -415,7 +415,7 @@ def counting_op(monkeypatch):
         return count
 
     domain = "test.optkit"
-    monkeypatch.setitem(TABLE._rows, (domain, "Count", 1), _registry.OpSpec(domain, "Count", 1, build))
+    monkeypatch.setitem(TABLE._rows, (domain, "Count", 1), _registry.OpSpec("Count", (1,), build, domain))
     monkeypatch.setitem(TABLE._versions, (domain, "Count"), [1])
     return runs
 

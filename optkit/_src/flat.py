@@ -81,11 +81,6 @@ class _Layout:
         return f"{groups} from {len(self.leaves)} leaves"
 
 
-def _leaf_dtype(leaf: Any) -> np.dtype:
-    dtype = leaf.dtype if hasattr(leaf, "dtype") else jnp.result_type(leaf)
-    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
-
-
 def _is_tracer(leaf: Any) -> bool:
     return isinstance(leaf, jax.core.Tracer)
 
@@ -278,7 +273,7 @@ class FlatParams(Mapping[str, Any]):
         sizes: list[int] = []
         entries = []
         for _, leaf in leaves_with_paths:
-            dtype = _leaf_dtype(leaf)
+            dtype = trees.leaf_dtype(leaf, canonical=True)
             shape = tuple(int(d) for d in np.shape(leaf))
             group = group_of.setdefault(dtype, len(group_of))
             if group == len(sizes):
@@ -317,9 +312,9 @@ class FlatParams(Mapping[str, Any]):
         leaves_with_paths = jax.tree_util.tree_flatten_with_path(tree)[0]
         for (path, leaf), (group, _, _) in zip(leaves_with_paths, self._layout.leaves):
             want = self._layout.dtypes[group]
-            if _leaf_dtype(leaf) != want:
+            if trees.leaf_dtype(leaf, canonical=True) != want:
                 raise TypeError(
-                    f"tree leaf at {trees.keystr(path)} has dtype {_leaf_dtype(leaf)} but the "
+                    f"tree leaf at {trees.keystr(path)} has dtype {trees.leaf_dtype(leaf, canonical=True)} but the "
                     f"FlatParams layout stores {want} there"
                 )
         device = _device_of(leaves_with_paths)

@@ -77,27 +77,27 @@ def check_gradient_names(xs: Any, zs: Any, y: Any, *, y_required: bool) -> tuple
     return xs, zs, y
 
 
+def _check_float(what: str, value: Any, verb: str, empty_hint: str, type_hint: str) -> None:
+    """Raise ``ValueError`` naming ``what`` unless ``value`` holds floating-point arrays only."""
+    if not jax.tree_util.tree_leaves(value):
+        raise ValueError(f"{what} {verb} {value!r}, which holds no array; {empty_hint}")
+    try:
+        check_floating(value, what)
+    except TypeError as err:
+        raise ValueError(f"{err}; {type_hint}") from None
+
+
 def check_differentiable(name: str, value: Any) -> None:
     """Raise ``ValueError`` naming ``xs`` tensor ``name`` if ``value`` is not floating point."""
-    if not jax.tree_util.tree_leaves(value):
-        raise ValueError(f"xs tensor {name!r} was fed {value!r}, which holds no array; feed a "
-                         f"floating-point array (or a pytree of them) to differentiate")
-    try:
-        check_floating(value, f"xs tensor {name!r}")
-    except TypeError as err:
-        raise ValueError(f"{err}; Gradient differentiates floating-point tensors only "
-                         f"(SPEC 6): put integer and boolean tensors in zs") from None
+    _check_float(f"xs tensor {name!r}", value, "was fed",
+                 "feed a floating-point array (or a pytree of them) to differentiate",
+                 "Gradient differentiates floating-point tensors only (SPEC 6): put integer and boolean tensors in zs")
 
 
 def check_target(y_name: str, value: Any) -> None:
     """Raise ``ValueError`` naming the Gradient target ``y_name`` if ``value`` is not floating point."""
-    if not jax.tree_util.tree_leaves(value):
-        raise ValueError(f"y tensor {y_name!r} is {value!r}, which holds no array; the function "
-                         f"must compute a floating-point y to differentiate")
-    try:
-        check_floating(value, f"y tensor {y_name!r}")
-    except TypeError as err:
-        raise ValueError(f"{err}; only a floating-point y can be differentiated") from None
+    _check_float(f"y tensor {y_name!r}", value, "is", "the function must compute a floating-point y to "
+                 "differentiate", "only a floating-point y can be differentiated")
 
 
 def differentiate(

@@ -48,7 +48,6 @@ __all__ = [
     "unbox",
     "rebox",
     "leaves_with_paths",
-    "key_name",
 ]
 
 _AUTO = getattr(getattr(jax.sharding, "AxisType", None), "Auto", None)
@@ -296,21 +295,13 @@ def rebox(box: Any, value: Any, *, drop_axis: int | tuple[int, ...] | None = Non
     return reduced.replace_boxed(value)
 
 
-def key_name(key: Any) -> str:
-    """A pytree key as a name: a dict key, an attribute name or a sequence index, as a string."""
-    for attr in ("key", "name", "idx"):
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
-
-
 def leaves_with_paths(tree: Any) -> list[tuple[tuple[Any, ...], Any]]:
     """``jax.tree_util.tree_flatten_with_path(tree)[0]`` with Flax boxes transparent.
 
     The same leaves, in the same order, as ``jax.tree.leaves(tree)``; each
     path leaves out the keys of the boxes (``nnx.Variable``, ``nn.Partitioned``)
     the leaf sits in, so that a boxed tree and its unboxed twin have the same
-    paths. Compare paths by :func:`key_name` of each key to match a NamedTuple
+    paths. Compare paths by :func:`~optkit._src.trees.key_name` of each key to match a NamedTuple
     field, a dict key and an ``nnx.State`` key of the same name, whatever
     containers Flax, Orbax or ``flax.serialization`` hand back.
     """

@@ -15,6 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "key_name",
+    "keystr",
+    "leaf_dtype",
     "keystr",
     "check_floating",
     "check_same_paths",
@@ -29,16 +32,28 @@ __all__ = [
 ]
 
 
-def keystr(path: Sequence[Any]) -> str:
-    """A pytree key path as text; the root is written ``<root>``."""
+def key_name(key: Any) -> str:
+    """A pytree key as a name: a dict key, an attribute name or a sequence index, as a string."""
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def keystr(path: Sequence[Any], sep: str | None = None) -> str:
+    """A pytree key path as text: JAX's ``['a'][0]`` (the root written ``<root>``), or with ``sep`` the
+    keys' names joined by it (``"a/0"``, as T5X names parameters)."""
+    if sep is not None:
+        return sep.join(key_name(k) for k in path)
     text = jax.tree_util.keystr(tuple(path))
     return text if text else "<root>"
 
 
-def _leaf_dtype(leaf: Any) -> np.dtype:
-    if hasattr(leaf, "dtype"):
-        return jnp.dtype(leaf.dtype)
-    return jnp.result_type(leaf)
+def leaf_dtype(leaf: Any, canonical: bool = False) -> np.dtype:
+    """A leaf's dtype (a Python scalar's as JAX types it); ``canonical``: as JAX stores it (no 64-bit
+    types with x64 off)."""
+    dtype = jnp.dtype(leaf.dtype) if hasattr(leaf, "dtype") else jnp.result_type(leaf)
+    return np.dtype(jax.dtypes.canonicalize_dtype(dtype)) if canonical else dtype
 
 
 def check_floating(tree: Any, name: str) -> None:
@@ -59,7 +74,7 @@ def check_floating(tree: Any, name: str) -> None:
                 f"{name} leaf at {keystr(path)} must be a floating-point array, "
                 f"got {type(leaf).__name__}"
             )
-        dtype = _leaf_dtype(leaf)
+        dtype = leaf_dtype(leaf)
         if not jnp.issubdtype(dtype, jnp.floating):
             raise TypeError(
                 f"{name} leaf at {keystr(path)} must be a floating-point array, got dtype {dtype}"

@@ -6,9 +6,13 @@ an ONNX model into an :class:`optkit.Graph` (its Gradient nodes become Graph
 Gradient nodes, SPEC 6; its Adagrad, Adam and Momentum nodes call
 :mod:`optkit.ops`, SPEC 1, 3, 4) and runs it as one jitted JAX function.
 
-By stage: ``_files`` (reading a file safely), ``_limits`` (the bounds a model
-is held to), ``_convert`` (model -> Graph), ``_backend`` (running it); the
-operators by family in :mod:`optkit.onnx._ops`.
+One load pipeline, :mod:`optkit.onnx._load`, its stages one module each:
+``_files`` (reading a file safely; ``onnx.checker``), ``_operators`` (every
+operator looked up once), ``_functions`` (local functions inlined),
+``_protos`` (declarations and attributes decoded), ``_convert`` (nodes ->
+Graph, sub-graphs too) with ``_analysis`` (load-time walks); ``_limits``
+holds the bounds, ``_backend`` runs a loaded model; the operators by family
+in :mod:`optkit.onnx._ops`.
 
 Install with the extra ``optkit[onnx]``; ``import optkit`` alone does not
 import ``onnx``.
@@ -54,11 +58,12 @@ except ImportError as _err:
     ) from _err
 
 from optkit.onnx._backend import Backend, BackendRep, prepare, run_model, run_node
-from optkit.onnx._convert import InputInfo, to_graph
 from optkit.onnx._errors import TensorTooLargeError, UnsupportedOpError
 from optkit.onnx._files import ModelSource, load_model
 from optkit.onnx._limits import GRADIENT_DEPTH_CEILING, MAX_GRADIENT_DEPTH, default_max_tensor_bytes
+from optkit.onnx._load import to_graph
 from optkit.onnx._ops import supported_ops
+from optkit.onnx._protos import InputInfo
 from optkit.onnx._training_model import make_training_model, with_initializers
 
 __all__ = [

@@ -23,9 +23,11 @@ from onnx import helper
 
 from optkit import Graph
 from optkit._src.graph.names import check_feed
-from optkit.onnx._convert import Converted, InputInfo, check_operators, convert
-from optkit.onnx._files import ModelSource, read_model
+from optkit.onnx._convert import Converted
+from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits
+from optkit.onnx._load import load
+from optkit.onnx._protos import InputInfo
 from optkit.onnx._ops._values import TRAINING_DOMAIN, normalize_domain
 
 __all__ = ["Backend", "BackendRep", "prepare", "run_model", "run_node"]
@@ -52,9 +54,10 @@ def _device(device: str) -> Any:
 class BackendRep(onnx.backend.base.BackendRep):
     """A loaded ONNX model, ready to run as one compiled JAX function.
 
-    Loading (at construction) reads and checks the model and maps every node
-    (see :func:`optkit.onnx.to_graph`), so an unsupported operator or an
-    invalid node fails here. :meth:`~optkit.onnx.BackendRep.run` checks the feeds against the
+    :func:`optkit.onnx.prepare` makes it: loading reads and checks the model
+    and maps every node (see :func:`optkit.onnx.to_graph`), so an unsupported
+    operator or an invalid node fails there. :meth:`~optkit.onnx.BackendRep.run`
+    checks the feeds against the
     declared graph inputs (dtype exactly, as ONNX Runtime does; every fixed
     dimension; a symbolic dimension the same size wherever it appears) before
     anything runs, then calls the compiled graph: the first call for a new
@@ -70,21 +73,10 @@ class BackendRep(onnx.backend.base.BackendRep):
     float32.
 
     Args:
-      model: a ``ModelProto``, its bytes, a path or a binary file object.
-      device: ``"CPU"`` (default) or ``"CUDA[:index]"`` (a JAX GPU device).
-      jit: compile the graph with ``jax.jit`` (default). ``False`` runs it op
-        by op (faster for a graph run once, as in conformance tests); the
-        whole graph is still traced abstractly first, so a shape error is
-        raised before any op runs.
-      base_dir: the directory of the external data of a model given without
-        a path (bytes, ``ModelProto``, file object); None (default) refuses
-        such data. A path's external data is read from its own directory.
-      max_tensor_bytes: the largest tensor the graph may declare or compute,
-        in bytes; default: half the memory available on ``device`` at load
-        (:func:`optkit.onnx.default_max_tensor_bytes`).
-      max_gradient_depth: how deep Gradient nodes may nest, 1 to 16 (default 8).
-      max_gradient_passes: the reverse passes the Gradient nodes may need in
-        all (default 4096; README "Loading ONNX files from strangers").
+      loaded: the loaded model (what the load pipeline returns).
+      device: the ``jax.Device`` to run on.
+      jit: compile the graph with ``jax.jit`` (see :func:`optkit.onnx.prepare`).
+      limits: the bounds it was loaded with.
 
     Attributes:
       model: the checked ``onnx.ModelProto``.
@@ -92,10 +84,7 @@ class BackendRep(onnx.backend.base.BackendRep):
       inputs: the graph inputs (:class:`InputInfo`: name, dtype, shape), in
         ``graph.input`` order.
       outputs: the output names, in ``graph.output`` order.
-
-    Raises:
-      ValueError, TensorTooLargeError, UnsupportedOpError: as
-        :func:`optkit.onnx.to_graph`; a bad device.
+      device: the ``jax.Device``; limits: the bounds.
 
     Example:
       >>> import numpy as np, optkit.onnx
@@ -107,27 +96,16 @@ class BackendRep(onnx.backend.base.BackendRep):
       Outputs(y=array([0., 2.], dtype=float32))
     """
 
-    def __init__(
-        self,
-        model: ModelSource,
-        device: str = "CPU",
-        *,
-        jit: bool = True,
-        base_dir: str | os.PathLike[str] | None = None,
-        max_tensor_bytes: int | None = None,
-        max_gradient_depth: int | None = None,
-        max_gradient_passes: int | None = None,
-    ) -> None:
-        self.device: Any = _device(device)  # a jax.Device
-        self.limits: Limits = Limits.make(max_tensor_bytes, max_gradient_depth, self.device, max_gradient_passes)
-        self.model: onnx.ModelProto = read_model(model, base_dir, self.limits, before_check=check_operators)
+    def __init__(self, loaded: Converted, device: Any, *, jit: bool = True, limits: Limits) -> None:
+        self.device: Any = device  # a jax.Device
+        self.limits: Limits = limits
+        self.model: onnx.ModelProto = loaded.model
         self._default_device = self.device == jax.devices()[0]
         self._jit = bool(jit)
-        converted: Converted = convert(self.model, self.limits)
-        self.graph: Graph = converted.graph
-        self.inputs: tuple[InputInfo, ...] = converted.inputs
-        self.outputs: tuple[str, ...] = converted.outputs
-        self._static = converted.static_inputs
+        self.graph: Graph = loaded.graph
+        self.inputs: tuple[InputInfo, ...] = loaded.inputs
+        self.outputs: tuple[str, ...] = loaded.outputs
+        self._static = loaded.static_inputs
         self._by_name = {info.name: info for info in self.inputs}
         self._required = [info.name for info in self.inputs if not info.has_default]
         # Per input: the axes whose size is fixed (checked on every run) and the symbolic ones.
@@ -292,9 +270,8 @@ class Backend(onnx.backend.base.Backend):
 
     @classmethod
     def prepare(cls, model: ModelSource, device: str = "CPU", **kwargs: Any) -> BackendRep:
-        """Load ``model`` for repeated runs; ``kwargs``: ``jit``, ``base_dir``, ``max_tensor_bytes``,
-        ``max_gradient_depth``, ``max_gradient_passes`` (see :class:`BackendRep`)."""
-        return BackendRep(model, device, **kwargs)
+        """Load ``model`` for repeated runs; ``kwargs`` as :func:`optkit.onnx.prepare`'s."""
+        return prepare(model, device, **kwargs)
 
     @classmethod
     def run_model(cls, model: ModelSource, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:
@@ -418,8 +395,9 @@ def prepare(
       >>> optkit.onnx.prepare(helper.make_model(g)).run([np.zeros(2, np.float32)]).y
       array([1., 1.], dtype=float32)
     """
-    return Backend.prepare(model, device, jit=jit, base_dir=base_dir, max_tensor_bytes=max_tensor_bytes,
-                           max_gradient_depth=max_gradient_depth, max_gradient_passes=max_gradient_passes)
+    jax_device = _device(device)
+    limits = Limits.make(max_tensor_bytes, max_gradient_depth, jax_device, max_gradient_passes)
+    return BackendRep(load(model, limits, base_dir), jax_device, jit=jit, limits=limits)
 
 
 def run_model(model: ModelSource, inputs: Any, device: str = "CPU", *, jit: bool = True,

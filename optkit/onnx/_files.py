@@ -1,11 +1,12 @@
-"""Reading an ONNX file safely: the protobuf parsed, external data read only from the model's own directory,
-``onnx.checker`` run."""
+"""Reading an ONNX file safely, the first stage of loading (:mod:`optkit.onnx._load`): the protobuf parsed,
+every tensor it brings bounded, external data read only from the model's own directory; and ``onnx.checker``
+(:func:`check_model`), which the pipeline runs after the operator check."""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import IO, Any
 
 import google.protobuf.message
@@ -13,9 +14,9 @@ import onnx
 
 from optkit.onnx._errors import UnsupportedOpError
 from optkit.onnx._limits import Limits, check_size
-from optkit.onnx._ops._values import DTYPES, dtype_name
+from optkit.onnx._ops._values import DTYPES, dtype_name, node_name
 
-__all__ = ["ModelSource", "load_model", "read_model", "tensors_of"]
+__all__ = ["ModelSource", "load_model", "read_model", "check_model", "tensors_of"]
 
 ModelSource = onnx.ModelProto | bytes | bytearray | memoryview | str | os.PathLike[str] | IO[bytes]
 """What optkit.onnx loads a model from: a ``ModelProto``, its serialized bytes, a path, or a binary file object."""
@@ -72,13 +73,15 @@ def load_model(model: ModelSource, *, base_dir: str | os.PathLike[str] | None = 
       ...
       ValueError: malformed ONNX model bytes: ...
     """
-    return read_model(model, base_dir, Limits.make(max_tensor_bytes))
+    proto, origin = read_model(model, base_dir, Limits.make(max_tensor_bytes))
+    check_model(proto, origin)
+    return proto
 
 
-def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None, limits: Limits,
-               before_check: Callable[[onnx.ModelProto], None] | None = None) -> onnx.ModelProto:
-    """:func:`load_model` with ``limits``, and ``before_check(proto)`` called before ``onnx.checker`` runs
-    (the converter finds every unsupported operator there, before the checker's pass over a large model)."""
+def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None,
+               limits: Limits) -> tuple[onnx.ModelProto, str]:
+    """The model read as :func:`load_model` reads it, before ``onnx.checker``: ``(proto, origin)``, origin
+    naming where it came from in messages."""
     directory: str | None = None
     if isinstance(model, onnx.ModelProto):
         proto, origin = model, "the ModelProto"
@@ -110,9 +113,11 @@ def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None, limi
         if not os.path.isdir(directory):
             raise ValueError(f"base_dir {directory!r} is not a directory")
     _check_tensors(proto, limits.max_tensor_bytes)
-    proto = _load_external_data(proto, directory, origin)
-    if before_check is not None:
-        before_check(proto)
+    return _load_external_data(proto, directory, origin), origin
+
+
+def check_model(proto: onnx.ModelProto, origin: str) -> None:
+    """``onnx.checker.check_model``, its errors as ValueErrors naming ``origin``."""
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as err:
@@ -122,7 +127,6 @@ def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None, limi
         # corrupt bytes, or a model written by a tool that does not follow the IR.
         raise ValueError(f"malformed model: {origin} has a string field (a name, an op type or "
                          f"an attribute) that is not valid UTF-8 ({err})") from None
-    return proto
 
 
 def tensors_of(proto: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto, tuple[int, ...] | None]]:
@@ -143,7 +147,7 @@ def tensors_of(proto: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto, 
             yield f"{prefix}sparse initializer {sparse.values.name!r}", sparse.values, tuple(sparse.dims)
             yield f"{prefix}sparse initializer {sparse.values.name!r} (indices)", sparse.indices, None
         for index, node in enumerate(graph.node):
-            where = f"{prefix}attribute {{}} of node {node.name or f'{node.op_type}#{index}'!r}"
+            where = f"{prefix}attribute {{}} of node {node_name(node.name, node.op_type, index)!r}"
             for attr in node.attribute:
                 what = where.format(repr(attr.name))
                 if attr.HasField("t"):

@@ -19,7 +19,6 @@ import jax
 import numpy as np
 
 from optkit._src import sharding, trees
-from optkit._src.adafactor.rules import path_string
 from optkit._src.adafactor.state import FactoredSecondMoment, FullSecondMoment
 
 __all__ = ["read_second_moments"]
@@ -55,14 +54,14 @@ def read_second_moments(
     """
     name = "state.nu"
     grads = sharding.leaves_with_paths(updates)
-    index = {tuple(map(sharding.key_name, path)): i for i, (path, _) in enumerate(grads)}
+    index = {tuple(map(trees.key_name, path)): i for i, (path, _) in enumerate(grads)}
     stats = sharding.leaves_with_paths(nu)
     node_types = _node_types(nu)
     fields: list[dict[str, Any]] = [{} for _ in grads]
     slots = []
     for path, leaf in stats:
-        field = sharding.key_name(path[-1]) if path else None
-        i = index.get(tuple(map(sharding.key_name, path[:-1]))) if path else None
+        field = trees.key_name(path[-1]) if path else None
+        i = index.get(tuple(map(trees.key_name, path[:-1]))) if path else None
         if i is None or field not in ("v", "v_row", "v_col"):
             # Name the first difference between the leaf paths of the statistics and of the updates.
             owners = list(dict.fromkeys(trees.keystr(p[:-1]) for p, _ in stats))
@@ -72,7 +71,7 @@ def read_second_moments(
                              f"not the statistics v, v_row or v_col of a leaf of updates")
         fields[i][field] = leaf
         slots.append((i, field))
-    nodes = [_node(found, node_types.get(tuple(map(sharding.key_name, path))), np.shape(g), path,
+    nodes = [_node(found, node_types.get(tuple(map(trees.key_name, path))), np.shape(g), path,
                    f"{transformation}: {name} at {trees.keystr(path)}", expected)
              for (path, g), found in zip(grads, fields)]
     treedef = jax.tree.structure(nu)
@@ -87,7 +86,7 @@ def _node_types(nu: Any) -> dict[tuple[str, ...], type]:
     """The statistics nodes' types that record a factor rule, by the path of their leaf."""
     is_node = lambda x: isinstance(x, (FactoredSecondMoment, FullSecondMoment))  # noqa: E731
     flat, _ = jax.tree_util.tree_flatten_with_path(nu, is_leaf=is_node)
-    return {tuple(map(sharding.key_name, path)): type(x) for path, x in flat
+    return {tuple(map(trees.key_name, path)): type(x) for path, x in flat
             if is_node(x) and type(x).roles is not None}
 
 
@@ -108,7 +107,7 @@ def _node(found: dict[str, Any], recorded: type | None, shape: tuple[int, ...], 
         if np.shape(node.v) != shape:
             raise ValueError(f"{where}: v has shape {np.shape(node.v)} but the update has shape {shape}")
         return node
-    want = expected(path_string(path), shape, node)
+    want = expected(trees.keystr(path, "/"), shape, node)
     got = (np.shape(node.v_row), np.shape(node.v_col))
     if want != got:
         raise ValueError(f"{where}: factored statistics of shapes {got} do not fit an update of shape {shape} "

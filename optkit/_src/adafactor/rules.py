@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from optkit._src import sharding
+from optkit._src import sharding, trees
 
 __all__ = ["ROLES", "HEURISTIC", "Plan", "Rules", "plan_of", "t5x_standard_logical_factor_rules"]
 
@@ -270,11 +270,6 @@ def _names(names: Any, path: str) -> tuple[str | None, ...]:
     return tuple(out)
 
 
-def path_string(path: tuple[Any, ...]) -> str:
-    """A pytree path as T5X names parameters: dict keys, attribute names and indices joined by ``/``."""
-    return "/".join(sharding.key_name(k) for k in path)
-
-
 def _axes_by_path(param_logical_axes: Any) -> dict[str, Any]:
     """``param_logical_axes`` (a tree of name tuples or PartitionSpecs) as ``path -> names``."""
     is_names = lambda x: isinstance(x, PartitionSpec) or (  # noqa: E731
@@ -282,7 +277,8 @@ def _axes_by_path(param_logical_axes: Any) -> dict[str, Any]:
     flat, _ = jax.tree_util.tree_flatten_with_path(param_logical_axes, is_leaf=is_names)
     out = {}
     for path, names in flat:
-        out[path_string(path)] = _names(names, f"param_logical_axes at {path_string(path)!r}")
+        name = trees.keystr(path, "/")
+        out[name] = _names(names, f"param_logical_axes at {name!r}")
     return out
 
 

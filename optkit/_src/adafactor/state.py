@@ -19,8 +19,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from optkit._src import sharding
-from optkit._src.adafactor.rules import Plan, path_string
+from optkit._src import sharding, trees
+from optkit._src.adafactor.rules import Plan
 
 __all__ = [
     "FactoredSecondMoment",
@@ -128,7 +128,7 @@ def init_second_moments(params: Any, layout_of: Callable[[str, tuple[int, ...], 
         p = sharding.unbox(p)
         p = p if isinstance(p, jax.ShapeDtypeStruct) else jnp.asarray(p)
         dtype = nu_dtype or p.dtype
-        axes = layout_of(path_string(path), tuple(p.shape), box)
+        axes = layout_of(trees.keystr(path, "/"), tuple(p.shape), box)
         if isinstance(axes, Plan):
             plan = axes
             if not plan.factored:

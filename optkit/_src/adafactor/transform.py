@@ -19,7 +19,7 @@ from optkit._src import flat, hyperparams, sharding, trees
 from optkit._src.adafactor import fast
 from optkit._src.adafactor.factoring import check_factoring, concrete_min_dim_size, factored_axes, without
 from optkit._src.adafactor.reading import read_second_moments
-from optkit._src.adafactor.rules import HEURISTIC, Plan, Rules, metadata_names, path_string, plan_of
+from optkit._src.adafactor.rules import HEURISTIC, Plan, Rules, metadata_names, plan_of
 from optkit._src.adafactor.state import (
     FactoredSecondMoment,
     FullSecondMoment,
@@ -152,7 +152,7 @@ class _Adafactor:
             trees.check_params(params, updates)
         treedef = jax.tree.structure(updates)
         grads = treedef.flatten_up_to(updates)
-        paths = [path_string(path) for path, _ in sharding.leaves_with_paths(updates)]
+        paths = [trees.keystr(path, "/") for path, _ in sharding.leaves_with_paths(updates)]
         if self.clip_norm is not None:  # T5X: g * d * min(1/d, 1/||g||) over every leaf, before the statistics
             norm = jnp.sqrt(jnp.sum(jnp.array([jnp.sum(jnp.square(g)) for g in grads])))
             d = jnp.asarray(self.clip_norm, jnp.result_type(norm, jnp.float32))

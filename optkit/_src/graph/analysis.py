@@ -18,7 +18,7 @@ from typing import TypeVar
 from optkit._src.graph.names import Tensors
 from optkit._src.graph.nodes import GradientNode, Node, name_of
 
-__all__ = ["GradientPlan", "GraphAnalysis", "walk_back"]
+__all__ = ["GradientPlan", "GraphAnalysis", "StepBudget", "walk_back"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,15 +33,32 @@ class GradientPlan:
 _N = TypeVar("_N", bound=Hashable)  # a graph's node: optkit's Node, or an ONNX node's index
 
 
+class StepBudget:
+    """The steps that several walks may take in all (``walk_back(..., budget=)``), so that analysing a
+    graph from a stranger is bounded: past ``steps``, :meth:`spend` raises a ValueError that starts
+    with ``where`` (set it before each walk) and says ``what`` was being analysed."""
+
+    def __init__(self, steps: int, what: str) -> None:
+        self.steps, self.left, self.what, self.where = steps, steps, what, "the graph"
+
+    def spend(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise ValueError(f"{self.where}: {self.what} take more than {self.steps} steps to analyse; the graph "
+                             f"is refused rather than spend longer loading it")
+
+
 def walk_back(
     targets: Iterable[str],
     stop: Collection[str],
     producer: Mapping[str, _N],
     deps: Callable[[_N], Iterable[str]],
+    budget: StepBudget | None = None,
 ) -> tuple[set[_N], tuple[str, ...]]:
     """The nodes that compute ``targets`` when the graph is cut at ``stop``, and the
     tensors outside ``stop`` that no node produces (graph inputs, initializers). A loop:
-    graphs loaded from ONNX can be deeper than Python's recursion limit."""
+    graphs loaded from ONNX can be deeper than Python's recursion limit. Each tensor
+    visited spends one step of ``budget``."""
     nodes: set[_N] = set()
     leaves: set[str] = set()
     seen: set[str] = set()
@@ -51,6 +68,8 @@ def walk_back(
         if name in seen or name in stop:
             continue
         seen.add(name)
+        if budget is not None:
+            budget.spend()
         node = producer.get(name)
         if node is None:
             leaves.add(name)

@@ -16,8 +16,9 @@ Where an operator goes: its family module, by what it does:
 - :mod:`~optkit.onnx._ops.training`: ``ai.onnx.preview.training``: Gradient,
   Adagrad, Adam, Momentum.
 
-Control flow (``If``, ``Loop``, ``Scan``) is refused at load time. Each module
-registers its builders with ``@OPS.op(op_type, *since_versions)``
+Control flow (``If``, ``Loop``, ``Scan``) is not in the table yet, so it is
+refused at load time. Each module registers its builders with one form, the
+decorator ``@OPS.op(op_type, *since_versions, params=..., static_inputs=...)``
 (:class:`~optkit.onnx._ops._registry.Family`); :data:`TABLE` is assembled here
 explicitly, so importing a family module changes nothing elsewhere. The docs'
 ONNX page, "Adding an operator", says how versions and tests are declared.

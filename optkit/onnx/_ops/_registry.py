@@ -1,21 +1,26 @@
 """The op table: ONNX operators mapped to JAX, keyed by ``(domain, op_type, since_version)``.
 
-Each family module of :mod:`optkit.onnx._ops` (``elementwise``, ``nn``,
-``shape``, ``reduce``, ``loss``, ``training``) keeps its operators in a
-:class:`Family` and registers each with one form, ``@OPS.op("Conv", 1, 11,
-22)``: the operator and every ``since_version`` whose semantics the builder
-implements (versions that only added types included, so that a newer
-version can be told from an implemented one).
+Each family module of :mod:`optkit.onnx._ops` keeps its operators in a
+:class:`Family` and registers every one with one form, the decorator
+``@OPS.op("Conv", 1, 11, 22)`` on its *builder*: the operator and every
+``since_version`` whose semantics the builder implements (versions that only
+added types included, so that a newer version can be told from an
+implemented one). One builder may serve several operators: stack the
+decorators and give each its ``params`` (``@OPS.op("ReduceSum", 1, 11, 13,
+params=(jnp.sum,))``), which reach the builder after the context.
 
-A *builder*, called once per node at load time with a :class:`NodeContext`
-(the node's attributes parsed, the schema's defaults filled in), validates
-the node and returns the JAX function of the node's input values (None for
-an absent optional input) that returns the node's output, or a tuple with
-one value per output; Gradient's builder returns a :class:`GradientRequest`
-instead, which the converter turns into an :class:`optkit.Graph` Gradient node.
+A builder, called once per node at load time as ``build(ctx, *params)`` with
+a :class:`NodeContext` (the node's attributes decoded, the schema's defaults
+filled in), validates the node and returns the JAX function of the node's
+input values (None for an absent optional input) that returns the node's
+output, or a tuple with one value per output; Gradient's builder returns a
+:class:`GradientRequest` instead, which the converter turns into an
+:class:`optkit.Graph` Gradient node. Inputs listed in ``static_inputs`` reach
+that function as NumPy arrays: the converter refuses, naming the node and
+the input, a value only known when the compiled program runs.
 
 For a node of a model that imports opset ``N`` for the node's domain,
-:meth:`OpTable.lookup` picks the handler with the newest ``since_version <= N``
+:meth:`OpTable.lookup` picks the newest registered ``since_version <= N``
 and refuses it when ONNX defines a newer version of the operator at opset
 ``N`` that optkit does not implement, so a model never runs under outdated
 semantics.
@@ -29,19 +34,17 @@ from typing import Any
 
 import onnx
 import onnx.defs
-from onnx import helper
 
 from optkit.onnx._errors import UnsupportedOpError
 from optkit.onnx._limits import check_size
-from optkit.onnx._ops._values import DEFAULT_DOMAIN, domain_text, normalize_domain, tensor_value
+from optkit.onnx._ops._values import DEFAULT_DOMAIN, domain_text, node_where, normalize_domain
 
-__all__ = ["NodeContext", "GradientRequest", "Builder", "Handler", "Family", "OpSpec", "OpTable",
-           "parse_attributes"]
+__all__ = ["NodeContext", "GradientRequest", "Builder", "OpSpec", "Family", "OpTable"]
 
 
 @dataclasses.dataclass(frozen=True)
 class NodeContext:
-    """What a handler knows about its node at load time.
+    """What a builder knows about its node at load time.
 
     Attributes:
       op_type, domain: the operator (domain ``""`` is ``ai.onnx``).
@@ -49,9 +52,13 @@ class NodeContext:
       opset: the model's opset version for the node's domain.
       name: the node's name (or ``op_type#index`` when it has none).
       inputs, outputs: the node's tensor names; ``""`` is an absent optional one.
-      attrs: the attributes, with the schema's defaults filled in.
+      attrs: the attributes, with the schema's defaults filled in; a
+        sub-graph attribute (``If``'s branches...) is its ``onnx.GraphProto``.
       max_tensor_bytes: the model's bound on one tensor, which every
         intermediate a handler creates is held to (:meth:`check_size`).
+      subgraph: converts a sub-graph attribute with the same converter as the
+        model's graph, the enclosing graphs' names visible and the same
+        bounds (see :meth:`convert_subgraph`); None where no converter runs.
     """
 
     op_type: str
@@ -63,11 +70,11 @@ class NodeContext:
     outputs: tuple[str, ...]
     attrs: Mapping[str, Any]
     max_tensor_bytes: int = 2**62
+    subgraph: Callable[[onnx.GraphProto, str], Any] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def where(self) -> str:
-        return (f"node {self.name!r} ({domain_text(self.domain)}::{self.op_type}-{self.version}, "
-                f"opset {self.opset})")
+        return node_where(self.name, self.domain, self.op_type, self.version, self.opset)
 
     def message(self, text: str) -> str:
         return f"{self.where}: {text}"
@@ -88,6 +95,18 @@ class NodeContext:
         """True if optional output ``i`` is asked for."""
         return i < len(self.outputs) and bool(self.outputs[i])
 
+    def convert_subgraph(self, attribute: str) -> Any:
+        """The sub-graph attribute ``attribute`` converted (a ``Converted``: its Graph, inputs, outputs and
+        the enclosing graphs' names it reads, ``captures``), by the converter that converts this node.
+
+        Raises:
+          ValueError: the attribute is not a sub-graph, or no converter runs.
+        """
+        graph = self.attrs.get(attribute)
+        if not isinstance(graph, onnx.GraphProto) or self.subgraph is None:
+            raise self.error(f"attribute {attribute!r} is not a sub-graph this converter can convert")
+        return self.subgraph(graph, f"{self.where}, attribute {attribute!r}")
+
 
 @dataclasses.dataclass(frozen=True)
 class GradientRequest:
@@ -98,28 +117,37 @@ class GradientRequest:
     y: str
 
 
-Builder = Callable[[NodeContext], Callable[..., Any] | GradientRequest]
+Builder = Callable[..., Callable[..., Any] | GradientRequest]
 
 
 @dataclasses.dataclass(frozen=True)
-class Handler:
-    """A builder and the operator versions it implements.
+class OpSpec:
+    """One registration: a builder and the operator versions it implements.
 
     Attributes:
       op_type, since_versions, domain: the operator and every ``since_version``
         whose semantics ``build`` implements.
-      build: ``build(ctx) -> fn`` (or a :class:`GradientRequest`).
-      static_inputs: positions of inputs that must be known before running.
+      build: ``build(ctx, *params) -> fn`` (or a :class:`GradientRequest`).
+      params: passed to ``build`` after the context (one builder, several operators).
+      static_inputs: positions of inputs that must be known before running;
+        they reach ``fn`` as NumPy arrays.
       static_outputs: True if the outputs are known before running whatever
         the inputs (``Shape``: shapes are static in XLA).
+      family: the family module that registered it.
     """
 
     op_type: str
     since_versions: tuple[int, ...]
     build: Builder = dataclasses.field(repr=False)
     domain: str = DEFAULT_DOMAIN
+    params: tuple[Any, ...] = dataclasses.field(default=(), repr=False)
     static_inputs: tuple[int, ...] = ()
     static_outputs: bool = False
+    family: str = ""
+
+    def builder(self, ctx: NodeContext) -> Callable[..., Any] | GradientRequest:
+        """The node's function (or Gradient request): ``build(ctx, *params)``."""
+        return self.build(ctx, *self.params)
 
 
 class Family:
@@ -128,39 +156,20 @@ class Family:
     def __init__(self, name: str, domain: str = DEFAULT_DOMAIN) -> None:
         self.name = name
         self.domain = normalize_domain(domain)
-        self.handlers: list[Handler] = []
+        self.specs: list[OpSpec] = []
 
-    def op(self, op_type: str, *since_versions: int, static_inputs: Sequence[int] = (),
+    def op(self, op_type: str, *since_versions: int, params: Sequence[Any] = (), static_inputs: Sequence[int] = (),
            static_outputs: bool = False) -> Callable[[Builder], Builder]:
-        """Decorator: register ``build`` for ``op_type`` at each of ``since_versions``."""
+        """Decorator: register ``build`` for ``op_type`` at each of ``since_versions``; stackable."""
         if not since_versions:
             raise ValueError(f"{self.name}.op({op_type!r}): give at least one since_version")
 
         def register(build: Builder) -> Builder:
-            self.handlers.append(Handler(op_type, tuple(int(v) for v in since_versions), build, self.domain,
-                                         tuple(static_inputs), static_outputs))
+            self.specs.append(OpSpec(op_type, tuple(int(v) for v in since_versions), build, self.domain,
+                                     tuple(params), tuple(static_inputs), static_outputs, self.name))
             return build
 
         return register
-
-
-@dataclasses.dataclass(frozen=True)
-class OpSpec:
-    """One row of the table: one version of one operator.
-
-    Attributes:
-      domain, op_type, since_version: the key.
-      build, static_inputs, static_outputs: as :class:`Handler`.
-      family: the family module that registered it.
-    """
-
-    domain: str
-    op_type: str
-    since_version: int
-    build: Builder = dataclasses.field(repr=False)
-    static_inputs: tuple[int, ...] = ()
-    static_outputs: bool = False
-    family: str = ""
 
 
 class OpTable:
@@ -170,19 +179,19 @@ class OpTable:
         self._rows: dict[tuple[str, str, int], OpSpec] = {}
         self._versions: dict[tuple[str, str], list[int]] = {}
         for family in families:
-            for h in family.handlers:
-                for version in h.since_versions:
-                    key = (h.domain, h.op_type, version)
+            for spec in family.specs:
+                for version in spec.since_versions:
+                    key = (spec.domain, spec.op_type, version)
                     if key in self._rows:
                         raise ValueError(f"{key} is registered twice")
-                    self._rows[key] = OpSpec(h.domain, h.op_type, version, h.build, h.static_inputs,
-                                             h.static_outputs, family.name)
-                    self._versions.setdefault((h.domain, h.op_type), []).append(version)
+                    self._rows[key] = spec
+                    self._versions.setdefault((spec.domain, spec.op_type), []).append(version)
         for versions in self._versions.values():
             versions.sort()
 
-    def lookup(self, domain: str, op_type: str, opset: int) -> tuple[OpSpec, onnx.defs.OpSchema | None]:
-        """The handler for ``domain::op_type`` in a model importing ``opset`` for ``domain``, and ONNX's schema.
+    def lookup(self, domain: str, op_type: str, opset: int) -> tuple[OpSpec, int, onnx.defs.OpSchema | None]:
+        """The registration for ``domain::op_type`` in a model importing ``opset`` for ``domain``, the
+        ``since_version`` it runs as, and ONNX's schema.
 
         Picks the registered ``since_version`` that is the newest one ``<= opset``.
 
@@ -213,7 +222,7 @@ class OpTable:
             raise UnsupportedOpError(
                 f"unsupported operator version: {op_text} means {op_type}-{schema.since_version}; "
                 f"optkit implements {op_type} versions {versions}")
-        return self._rows[(domain, op_type, chosen)], schema
+        return self._rows[(domain, op_type, chosen)], chosen, schema
 
     def rows(self) -> list[tuple[str, str, int]]:
         """Every ``(domain, op_type, since_version)``, sorted."""
@@ -223,78 +232,3 @@ class OpTable:
         """The family module that implements ``domain::op_type`` (``"nn"``...), or None."""
         versions = self._versions.get((normalize_domain(domain), op_type))
         return None if not versions else self._rows[(normalize_domain(domain), op_type, versions[0])].family
-
-
-# ---------------------------------------------------------------------------
-# Attributes
-
-
-def _decode(value: bytes, name: str, where: str) -> str:
-    """A STRING attribute as text; ONNX strings are UTF-8."""
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{where}: attribute {name!r} is not valid UTF-8 text ({err}); the "
-                         f"model is corrupt or was not written as ONNX specifies") from None
-
-
-def _attribute_value(attr: onnx.AttributeProto, where: str) -> Any:
-    kind = attr.type
-    if kind in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-        raise UnsupportedOpError(f"{where}: attribute {attr.name!r} is a sub-graph; optkit does "
-                                 f"not run control flow (If, Loop, Scan)")
-    if kind in (onnx.AttributeProto.SPARSE_TENSOR, onnx.AttributeProto.SPARSE_TENSORS):
-        raise UnsupportedOpError(f"{where}: attribute {attr.name!r} is a sparse tensor, which "
-                                 f"optkit does not run")
-    if kind in (onnx.AttributeProto.TYPE_PROTO, onnx.AttributeProto.TYPE_PROTOS):
-        raise UnsupportedOpError(f"{where}: attribute {attr.name!r} is a type proto, which optkit "
-                                 f"does not run")
-    value = helper.get_attribute_value(attr)
-    if kind == onnx.AttributeProto.STRING:
-        return _decode(value, attr.name, where)
-    if kind == onnx.AttributeProto.STRINGS:
-        return [_decode(v, attr.name, where) for v in value]
-    if kind == onnx.AttributeProto.TENSOR:
-        return tensor_value(value, f"{where}: attribute {attr.name!r}")
-    if kind == onnx.AttributeProto.TENSORS:
-        return [tensor_value(v, f"{where}: attribute {attr.name!r}") for v in value]
-    if kind == onnx.AttributeProto.INTS:
-        return [int(v) for v in value]
-    if kind == onnx.AttributeProto.FLOATS:
-        return [float(v) for v in value]
-    return value
-
-
-def parse_attributes(
-    node: onnx.NodeProto, schema: onnx.defs.OpSchema | None, where: str
-) -> dict[str, Any]:
-    """The node's attributes as Python values, with the schema's defaults for absent ones.
-
-    STRING(S) become ``str``, TENSOR a NumPy array, INTS/FLOATS lists. An
-    attribute the schema requires and the node lacks is an error here, so a
-    model that skipped ``onnx.checker`` still fails before running.
-
-    Raises:
-      ValueError: a required attribute is missing or one is given twice; a string
-        attribute that is not UTF-8.
-      UnsupportedOpError: a sub-graph, sparse-tensor or type attribute.
-    """
-    attrs: dict[str, Any] = {}
-    for attr in node.attribute:
-        if attr.name in attrs:
-            raise ValueError(f"{where}: attribute {attr.name!r} is given twice")
-        if attr.ref_attr_name:
-            raise UnsupportedOpError(f"{where}: attribute {attr.name!r} refers to a function "
-                                     f"attribute; optkit runs graphs, not function bodies")
-        attrs[attr.name] = _attribute_value(attr, where)
-    if schema is not None:
-        for name, spec in schema.attributes.items():
-            if name in attrs:
-                continue
-            if spec.required:
-                raise ValueError(f"{where}: the required attribute {name!r} is missing "
-                                 f"(ONNX schema {schema.domain or 'ai.onnx'}::{schema.name}-"
-                                 f"{schema.since_version})")
-            if spec.default_value.type != onnx.AttributeProto.UNDEFINED:
-                attrs[name] = _attribute_value(spec.default_value, where)
-    return attrs

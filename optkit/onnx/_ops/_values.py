@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
@@ -10,9 +10,6 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from optkit.onnx._errors import UnsupportedOpError
-
-if TYPE_CHECKING:
-    from optkit.onnx._ops._registry import NodeContext
 
 __all__ = [
     "DEFAULT_DOMAIN",
@@ -24,7 +21,9 @@ __all__ = [
     "onnx_dtype",
     "tensor_value",
     "is_static",
-    "static_value",
+    "as_static",
+    "node_name",
+    "node_where",
 ]
 
 DEFAULT_DOMAIN = ""
@@ -120,23 +119,30 @@ def is_static(value: Any) -> bool:
     return isinstance(value, (np.ndarray, np.generic))
 
 
-def static_value(value: Any, ctx: NodeContext, what: str) -> np.ndarray | None:
-    """``value`` as a NumPy array, for an input that XLA needs before running.
+def as_static(value: Any) -> np.ndarray | None:
+    """``value`` as a NumPy array when it is known before running; None when it is traced.
 
-    A shape, a list of axes... must be a compile-time constant under
-    ``jax.jit``: an initializer, a ``Constant`` node's output, a ``Shape``
-    output, or a tensor computed from those alone.
-
-    Raises:
-      ValueError: ``value`` is only known when the compiled program runs.
+    Known before running: a NumPy value (an initializer, a ``Constant``'s
+    output, a ``Shape`` output, or a tensor folded from those alone) or a
+    concrete ``jax.Array`` (a graph run op by op).
     """
-    if value is None:
-        return None
     if is_static(value):
         return np.asarray(value)
     if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer):
         return np.asarray(value)
-    raise ValueError(ctx.message(
-        f"input {what!r} must be known before the graph runs (an initializer, a Constant node's "
-        f"output, a Shape output, or a tensor computed from those alone), but it is computed "
-        f"at run time from a traced value"))
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Nodes in messages
+
+
+def node_name(name: str, op_type: str, index: int) -> str:
+    """A node's name in messages: its own, or ``op_type#index`` (its place in its graph) when it has none."""
+    return name or f"{op_type}#{index}"
+
+
+def node_where(name: str, domain: str, op_type: str, version: int | None = None, opset: int | None = None) -> str:
+    """Where an error is, in one format: ``node 'n' (ai.onnx::Relu-14, opset 17)``; the parts not known yet left out."""
+    operator = f"{domain_text(domain)}::{op_type}" + ("" if version is None else f"-{version}")
+    return f"node {name!r} ({operator}" + ("" if opset is None else f", opset {opset}") + ")"

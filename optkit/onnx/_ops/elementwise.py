@@ -24,52 +24,50 @@ OPS = Family("elementwise")
 
 # Operators that are one jax.numpy function (arithmetic, comparisons, logic, Where), with every
 # since_version whose semantics that function implements.
-_ONE_FUNCTION = {
-    "Add": (jnp.add, (7, 13, 14)),
-    "Sub": (jnp.subtract, (7, 13, 14)),
-    "Mul": (jnp.multiply, (7, 13, 14)),
-    "Neg": (jnp.negative, (6, 13)),
-    "Abs": (jnp.abs, (6, 13)),
-    "Sqrt": (jnp.sqrt, (6, 13)),
-    "Exp": (jnp.exp, (6, 13)),
-    "Log": (jnp.log, (6, 13)),
-    "Sigmoid": (jax.nn.sigmoid, (6, 13)),
-    "Tanh": (jnp.tanh, (6, 13)),
-    "Equal": (jnp.equal, (7, 11, 13, 19)),
-    "Less": (jnp.less, (7, 9, 13)),
-    "Greater": (jnp.greater, (7, 9, 13)),
-    "GreaterOrEqual": (jnp.greater_equal, (12, 16)),
-    "LessOrEqual": (jnp.less_equal, (12, 16)),
-    "And": (jnp.logical_and, (7,)),
-    "Or": (jnp.logical_or, (7,)),
-    "Not": (jnp.logical_not, (1,)),
-    "Where": (jnp.where, (9, 16)),
-    "Xor": (jnp.logical_xor, (7,)),
-    "Reciprocal": (jnp.reciprocal, (6, 13)),
-    "Floor": (jnp.floor, (6, 13)),
-    "Ceil": (jnp.ceil, (6, 13)),
-    "Round": (jnp.round, (11, 22)),  # halves to even, as ONNX specifies
-    "Sign": (jnp.sign, (9, 13)),
-    "Erf": (jax.scipy.special.erf, (9, 13)),
-    "Sin": (jnp.sin, (7, 22)),
-    "Cos": (jnp.cos, (7, 22)),
-    "Tan": (jnp.tan, (7, 22)),
-    "Asin": (jnp.arcsin, (7, 22)),
-    "Acos": (jnp.arccos, (7, 22)),
-    "Atan": (jnp.arctan, (7, 22)),
-    "Sinh": (jnp.sinh, (9, 22)),
-    "Cosh": (jnp.cosh, (9, 22)),
-    "Asinh": (jnp.arcsinh, (9, 22)),
-    "Acosh": (jnp.arccosh, (9, 22)),
-    "Atanh": (jnp.arctanh, (9, 22)),
-    "IsNaN": (jnp.isnan, (9, 13, 20)),
-    "Softsign": (lambda x: x / (1 + jnp.abs(x)), (1, 22)),
-    # log(exp(x) + 1) without overflow
-    "Softplus": (lambda x: jnp.logaddexp(x, jnp.zeros((), jnp.result_type(x))), (1, 22)),
-    "Mish": (lambda x: x * jnp.tanh(jnp.logaddexp(x, jnp.zeros((), jnp.result_type(x)))), (18, 22)),
-}
-for _op_type, (_fn, _versions) in _ONE_FUNCTION.items():
-    OPS.op(_op_type, *_versions)(lambda ctx, fn=_fn: fn)
+@OPS.op("Add", 7, 13, 14, params=(jnp.add,))
+@OPS.op("Sub", 7, 13, 14, params=(jnp.subtract,))
+@OPS.op("Mul", 7, 13, 14, params=(jnp.multiply,))
+@OPS.op("Neg", 6, 13, params=(jnp.negative,))
+@OPS.op("Abs", 6, 13, params=(jnp.abs,))
+@OPS.op("Sqrt", 6, 13, params=(jnp.sqrt,))
+@OPS.op("Exp", 6, 13, params=(jnp.exp,))
+@OPS.op("Log", 6, 13, params=(jnp.log,))
+@OPS.op("Sigmoid", 6, 13, params=(jax.nn.sigmoid,))
+@OPS.op("Tanh", 6, 13, params=(jnp.tanh,))
+@OPS.op("Equal", 7, 11, 13, 19, params=(jnp.equal,))
+@OPS.op("Less", 7, 9, 13, params=(jnp.less,))
+@OPS.op("Greater", 7, 9, 13, params=(jnp.greater,))
+@OPS.op("GreaterOrEqual", 12, 16, params=(jnp.greater_equal,))
+@OPS.op("LessOrEqual", 12, 16, params=(jnp.less_equal,))
+@OPS.op("And", 7, params=(jnp.logical_and,))
+@OPS.op("Or", 7, params=(jnp.logical_or,))
+@OPS.op("Not", 1, params=(jnp.logical_not,))
+@OPS.op("Where", 9, 16, params=(jnp.where,))
+@OPS.op("Xor", 7, params=(jnp.logical_xor,))
+@OPS.op("Reciprocal", 6, 13, params=(jnp.reciprocal,))
+@OPS.op("Floor", 6, 13, params=(jnp.floor,))
+@OPS.op("Ceil", 6, 13, params=(jnp.ceil,))
+@OPS.op("Round", 11, 22, params=(jnp.round,))  # halves to even, as ONNX specifies
+@OPS.op("Sign", 9, 13, params=(jnp.sign,))
+@OPS.op("Erf", 9, 13, params=(jax.scipy.special.erf,))
+@OPS.op("Sin", 7, 22, params=(jnp.sin,))
+@OPS.op("Cos", 7, 22, params=(jnp.cos,))
+@OPS.op("Tan", 7, 22, params=(jnp.tan,))
+@OPS.op("Asin", 7, 22, params=(jnp.arcsin,))
+@OPS.op("Acos", 7, 22, params=(jnp.arccos,))
+@OPS.op("Atan", 7, 22, params=(jnp.arctan,))
+@OPS.op("Sinh", 9, 22, params=(jnp.sinh,))
+@OPS.op("Cosh", 9, 22, params=(jnp.cosh,))
+@OPS.op("Asinh", 9, 22, params=(jnp.arcsinh,))
+@OPS.op("Acosh", 9, 22, params=(jnp.arccosh,))
+@OPS.op("Atanh", 9, 22, params=(jnp.arctanh,))
+@OPS.op("IsNaN", 9, 13, 20, params=(jnp.isnan,))
+@OPS.op("Softsign", 1, 22, params=(lambda x: x / (1 + jnp.abs(x)),))
+# log(exp(x) + 1) without overflow
+@OPS.op("Softplus", 1, 22, params=(lambda x: jnp.logaddexp(x, jnp.zeros((), jnp.result_type(x))),))
+@OPS.op("Mish", 18, 22, params=(lambda x: x * jnp.tanh(jnp.logaddexp(x, jnp.zeros((), jnp.result_type(x)))),))
+def _one_function(ctx, fn):
+    return fn
 
 
 def _divide(a, b):
@@ -80,36 +78,34 @@ def _divide(a, b):
     return jnp.divide(a, b)
 
 
-OPS.op("Div", 7, 13, 14)(lambda ctx: _divide)
+@OPS.op("Div", 7, 13, 14)
+def _div(ctx):
+    return _divide
 
 
-def _legacy_broadcast_builder(fn):
+@OPS.op("Add", 6, params=(jnp.add,))
+@OPS.op("Sub", 6, params=(jnp.subtract,))
+@OPS.op("Mul", 6, params=(jnp.multiply,))
+@OPS.op("Div", 6, params=(_divide,))
+def _legacy_broadcast(ctx, fn):
     """Version 6 of Add/Sub/Mul/Div: B broadcast onto A (``broadcast=1``) with its dimensions matched to
     A's from ``axis`` (default: A's trailing dimensions), or A and B of one shape (``broadcast=0``)."""
+    broadcast = bool(ctx.attrs.get("broadcast", 0))
+    axis = ctx.attrs.get("axis")
 
-    def build(ctx):
-        broadcast = bool(ctx.attrs.get("broadcast", 0))
-        axis = ctx.attrs.get("axis")
+    def legacy(a, b):
+        sa, sb = jnp.shape(a), jnp.shape(b)
+        if not broadcast:
+            if sa != sb:
+                raise ctx.error(f"A {sa} and B {sb} must have one shape when broadcast=0")
+            return fn(a, b)
+        start = len(sa) - len(sb) if axis is None else (axis + len(sa) if axis < 0 else axis)
+        if len(sb) > len(sa) or not 0 <= start <= len(sa) - len(sb) or any(
+                db not in (1, da) for db, da in zip(sb, sa[start:])):
+            raise ctx.error(f"B {sb} cannot be broadcast onto A {sa} from axis {start}")
+        return fn(a, jnp.reshape(b, sb + (1,) * (len(sa) - start - len(sb))))
 
-        def legacy(a, b):
-            sa, sb = jnp.shape(a), jnp.shape(b)
-            if not broadcast:
-                if sa != sb:
-                    raise ctx.error(f"A {sa} and B {sb} must have one shape when broadcast=0")
-                return fn(a, b)
-            start = len(sa) - len(sb) if axis is None else (axis + len(sa) if axis < 0 else axis)
-            if len(sb) > len(sa) or not 0 <= start <= len(sa) - len(sb) or any(
-                    db not in (1, da) for db, da in zip(sb, sa[start:])):
-                raise ctx.error(f"B {sb} cannot be broadcast onto A {sa} from axis {start}")
-            return fn(a, jnp.reshape(b, sb + (1,) * (len(sa) - start - len(sb))))
-
-        return legacy
-
-    return build
-
-
-for _op_type, _fn in {"Add": jnp.add, "Sub": jnp.subtract, "Mul": jnp.multiply, "Div": _divide}.items():
-    OPS.op(_op_type, 6)(_legacy_broadcast_builder(_fn))
+    return legacy
 
 
 @OPS.op("Pow", 7, 12, 13, 15)
@@ -246,26 +242,21 @@ def _mod(ctx):
     return mod
 
 
-def _variadic_builder(fn, mean=False):
-    def build(ctx):
-        def variadic(*xs):
-            if ctx.version < 8 and len({jnp.shape(x) for x in xs}) > 1:
-                raise ctx.error(f"the inputs must have one shape before version 8, got "
-                                f"{[jnp.shape(x) for x in xs]}")
-            result = xs[0]
-            for x in xs[1:]:
-                result = fn(result, x)
-            return result / len(xs) if mean else result
+@OPS.op("Max", 6, 8, 12, 13, params=(jnp.maximum,))
+@OPS.op("Min", 6, 8, 12, 13, params=(jnp.minimum,))
+@OPS.op("Sum", 6, 8, 13, params=(jnp.add,))
+@OPS.op("Mean", 6, 8, 13, params=(jnp.add, True))
+def _variadic(ctx, fn, mean=False):
+    def variadic(*xs):
+        if ctx.version < 8 and len({jnp.shape(x) for x in xs}) > 1:
+            raise ctx.error(f"the inputs must have one shape before version 8, got "
+                            f"{[jnp.shape(x) for x in xs]}")
+        result = xs[0]
+        for x in xs[1:]:
+            result = fn(result, x)
+        return result / len(xs) if mean else result
 
-        return variadic
-
-    return build
-
-
-OPS.op("Max", 6, 8, 12, 13)(_variadic_builder(jnp.maximum))
-OPS.op("Min", 6, 8, 12, 13)(_variadic_builder(jnp.minimum))
-OPS.op("Sum", 6, 8, 13)(_variadic_builder(jnp.add))
-OPS.op("Mean", 6, 8, 13)(_variadic_builder(jnp.add, mean=True))
+    return variadic
 
 
 @OPS.op("Cast", 6, 9, 13, 19, 21, 23, 24, 25, 28)

@@ -17,7 +17,9 @@ from optkit.onnx._ops._registry import Family, NodeContext
 OPS = Family("nn")
 
 
-OPS.op("MatMul", 1, 9, 13)(lambda ctx: jnp.matmul)
+@OPS.op("MatMul", 1, 9, 13)
+def _matmul(ctx):
+    return jnp.matmul
 
 
 @OPS.op("Gemm", 6, 7, 9, 11, 13)
@@ -44,35 +46,29 @@ def _gemm(ctx):
     return gemm
 
 
+@OPS.op("Softmax", 1, 11, 13, params=(jax.nn.softmax,))
+@OPS.op("LogSoftmax", 1, 11, 13, params=(jax.nn.log_softmax,))
+def _softmax(ctx, fn):
+    if ctx.version >= 13:
+        axis = ctx.attrs.get("axis", -1)
 
-def _softmax_builder(fn):
-    def build(ctx):
-        if ctx.version >= 13:
-            axis = ctx.attrs.get("axis", -1)
+        def softmax(x):
+            return fn(x, axis=axis_index(ctx, axis, jnp.ndim(x)))
 
-            def softmax(x):
-                return fn(x, axis=axis_index(ctx, axis, jnp.ndim(x)))
+        return softmax
 
-            return softmax
+    # Before opset 13 the input is coerced to 2-D at `axis` (default 1):
+    # [prod(shape[:axis]), prod(shape[axis:])], normalized along the second.
+    axis = ctx.attrs.get("axis", 1)
 
-        # Before opset 13 the input is coerced to 2-D at `axis` (default 1):
-        # [prod(shape[:axis]), prod(shape[axis:])], normalized along the second.
-        axis = ctx.attrs.get("axis", 1)
+    def softmax_2d(x):
+        rank = jnp.ndim(x)
+        a = axis_index(ctx, axis, rank) if rank else 0
+        shape = jnp.shape(x)
+        flat = jnp.reshape(x, (math.prod(shape[:a]), math.prod(shape[a:])))
+        return jnp.reshape(fn(flat, axis=1), shape)
 
-        def softmax_2d(x):
-            rank = jnp.ndim(x)
-            a = axis_index(ctx, axis, rank) if rank else 0
-            shape = jnp.shape(x)
-            flat = jnp.reshape(x, (math.prod(shape[:a]), math.prod(shape[a:])))
-            return jnp.reshape(fn(flat, axis=1), shape)
-
-        return softmax_2d
-
-    return build
-
-
-OPS.op("Softmax", 1, 11, 13)(_softmax_builder(jax.nn.softmax))
-OPS.op("LogSoftmax", 1, 11, 13)(_softmax_builder(jax.nn.log_softmax))
+    return softmax_2d
 
 
 def _spatial_attrs(ctx: NodeContext, n: int, kernel: Sequence[int]) -> tuple:
@@ -304,22 +300,16 @@ def _average_pool(ctx):
     return average_pool
 
 
-def _global_pool_builder(reduce):
+@OPS.op("GlobalAveragePool", 1, 22, params=(jnp.mean,))
+@OPS.op("GlobalMaxPool", 1, 22, params=(jnp.max,))
+def _global_pool(ctx, reduce):
     """GlobalAveragePool / GlobalMaxPool: ``reduce`` over every spatial axis of (N, C, D1, ...)."""
+    def global_pool(x):
+        if jnp.ndim(x) < 3:
+            raise ctx.error(f"X must be (N, C, D1, ...), got shape {jnp.shape(x)}")
+        return reduce(x, axis=tuple(range(2, jnp.ndim(x))), keepdims=True)
 
-    def build(ctx):
-        def global_pool(x):
-            if jnp.ndim(x) < 3:
-                raise ctx.error(f"X must be (N, C, D1, ...), got shape {jnp.shape(x)}")
-            return reduce(x, axis=tuple(range(2, jnp.ndim(x))), keepdims=True)
-
-        return global_pool
-
-    return build
-
-
-OPS.op("GlobalAveragePool", 1, 22)(_global_pool_builder(jnp.mean))
-OPS.op("GlobalMaxPool", 1, 22)(_global_pool_builder(jnp.max))
+    return global_pool
 
 
 @OPS.op("ConvTranspose", 1, 11, 22)

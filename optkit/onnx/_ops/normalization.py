@@ -15,7 +15,7 @@ from jax import lax
 
 from optkit.onnx._ops._common import axis_index
 from optkit.onnx._ops._registry import Family
-from optkit.onnx._ops._values import onnx_dtype, static_value
+from optkit.onnx._ops._values import onnx_dtype
 
 OPS = Family("normalization")
 
@@ -143,9 +143,8 @@ def _dropout(ctx):
         if ctx.version < 12:
             ratio_value, training = ctx.attrs.get("ratio", 0.5), False
         else:
-            ratio_value = 0.5 if ratio is None else float(static_value(ratio, ctx, "ratio").reshape(()))
-            training = False if training_mode is None else bool(
-                static_value(training_mode, ctx, "training_mode").reshape(()))
+            ratio_value = 0.5 if ratio is None else float(ratio.reshape(()))
+            training = False if training_mode is None else bool(training_mode.reshape(()))
         if not 0 <= ratio_value < 1:
             raise ctx.error(f"ratio must be in [0, 1), got {ratio_value}")
         if not training or ratio_value == 0:

@@ -69,109 +69,104 @@ def _reverse_valid(x, lengths):
     return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (jnp.ndim(x) - 2)), axis=0)
 
 
-def _recurrent_builder(kind: str, gates: int, defaults: list[str], outputs: int):
-    def build(ctx):
-        direction = ctx.attrs.get("direction", "forward")
-        if direction not in ("forward", "reverse", "bidirectional"):
-            raise ctx.error(f"direction must be forward, reverse or bidirectional, got {direction!r}")
-        directions = 2 if direction == "bidirectional" else 1
-        layout = int(ctx.attrs.get("layout", 0)) if ctx.version >= 14 else 0
-        if layout not in (0, 1):
-            raise ctx.error(f"layout must be 0 or 1, got {layout}")
-        clip = ctx.attrs.get("clip")
-        if clip is not None and not clip > 0:
-            raise ctx.error(f"clip must be positive, got {clip}")
-        acts = _activations(ctx, defaults, directions)
-        linear_before_reset = bool(ctx.attrs.get("linear_before_reset", 0))
-        input_forget = bool(ctx.attrs.get("input_forget", 0))
+@OPS.op("RNN", 7, 14, 22, params=("RNN", 1, ["Tanh"], 2))
+@OPS.op("GRU", 7, 14, 22, params=("GRU", 3, ["Sigmoid", "Tanh"], 2))
+@OPS.op("LSTM", 7, 14, 22, params=("LSTM", 4, ["Sigmoid", "Tanh", "Tanh"], 3))
+def _recurrent(ctx, kind: str, gates: int, defaults: list[str], outputs: int):
+    direction = ctx.attrs.get("direction", "forward")
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise ctx.error(f"direction must be forward, reverse or bidirectional, got {direction!r}")
+    directions = 2 if direction == "bidirectional" else 1
+    layout = int(ctx.attrs.get("layout", 0)) if ctx.version >= 14 else 0
+    if layout not in (0, 1):
+        raise ctx.error(f"layout must be 0 or 1, got {layout}")
+    clip = ctx.attrs.get("clip")
+    if clip is not None and not clip > 0:
+        raise ctx.error(f"clip must be positive, got {clip}")
+    acts = _activations(ctx, defaults, directions)
+    linear_before_reset = bool(ctx.attrs.get("linear_before_reset", 0))
+    input_forget = bool(ctx.attrs.get("input_forget", 0))
 
-        def cell(d, p, x_proj, h, c, rb):
-            """One step of direction ``d``: the new hidden (and cell) state. ``x_proj`` = X W^T + Wb."""
-            f, g = acts[d][0], acts[d][-1]
-            h_proj = h @ p["R"].T
-            if kind == "RNN":
-                return f(_clip(x_proj + h_proj + rb)), None
-            if kind == "GRU":
-                xz, xr, xh = jnp.split(x_proj, 3, axis=-1)
-                hz, hr, hh = jnp.split(h_proj, 3, axis=-1)
-                rbz, rbr, rbh = jnp.split(rb, 3, axis=-1)
-                z = f(_clip(xz + hz + rbz))
-                r = f(_clip(xr + hr + rbr))
-                if linear_before_reset:
-                    cand = g(_clip(xh + r * (hh + rbh)))
-                else:
-                    rh = jnp.split(p["R"], 3, axis=0)[2]
-                    cand = g(_clip(xh + (r * h) @ rh.T + rbh))
-                return (1 - z) * cand + z * h, None
-            hfn = acts[d][2]
-            xi, xo, xf, xc = jnp.split(x_proj + h_proj + rb, 4, axis=-1)
-            pi, po, pf = p["P"]
-            i = f(_clip(xi + pi * c))
-            fg = 1 - i if input_forget else f(_clip(xf + pf * c))
-            c_new = fg * c + i * g(_clip(xc))
-            o = f(_clip(xo + po * c_new))
-            return o * hfn(c_new), c_new
+    def cell(d, p, x_proj, h, c, rb):
+        """One step of direction ``d``: the new hidden (and cell) state. ``x_proj`` = X W^T + Wb."""
+        f, g = acts[d][0], acts[d][-1]
+        h_proj = h @ p["R"].T
+        if kind == "RNN":
+            return f(_clip(x_proj + h_proj + rb)), None
+        if kind == "GRU":
+            xz, xr, xh = jnp.split(x_proj, 3, axis=-1)
+            hz, hr, hh = jnp.split(h_proj, 3, axis=-1)
+            rbz, rbr, rbh = jnp.split(rb, 3, axis=-1)
+            z = f(_clip(xz + hz + rbz))
+            r = f(_clip(xr + hr + rbr))
+            if linear_before_reset:
+                cand = g(_clip(xh + r * (hh + rbh)))
+            else:
+                rh = jnp.split(p["R"], 3, axis=0)[2]
+                cand = g(_clip(xh + (r * h) @ rh.T + rbh))
+            return (1 - z) * cand + z * h, None
+        hfn = acts[d][2]
+        xi, xo, xf, xc = jnp.split(x_proj + h_proj + rb, 4, axis=-1)
+        pi, po, pf = p["P"]
+        i = f(_clip(xi + pi * c))
+        fg = 1 - i if input_forget else f(_clip(xf + pf * c))
+        c_new = fg * c + i * g(_clip(xc))
+        o = f(_clip(xo + po * c_new))
+        return o * hfn(c_new), c_new
 
-        def _clip(v):
-            return v if clip is None else jnp.clip(v, -clip, clip)
+    def _clip(v):
+        return v if clip is None else jnp.clip(v, -clip, clip)
 
-        def recurrent(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, peepholes=None):
-            if jnp.ndim(x) != 3:
-                raise ctx.error(f"X must have rank 3, got shape {jnp.shape(x)}")
-            if layout == 1:
-                x = jnp.swapaxes(x, 0, 1)
-            steps, batch, features = jnp.shape(x)
-            hidden = ctx.attrs.get("hidden_size") or jnp.shape(r)[-1]
-            want = {"W": (directions, gates * hidden, features), "R": (directions, gates * hidden, hidden),
-                    "B": (directions, 2 * gates * hidden), "initial_h": (directions, batch, hidden),
-                    "initial_c": (directions, batch, hidden), "P": (directions, 3 * hidden),
-                    "sequence_lens": (batch,)}
-            given = {"W": w, "R": r, "B": b, "initial_h": initial_h, "initial_c": initial_c, "P": peepholes,
-                     "sequence_lens": sequence_lens}
-            for name, value in given.items():
-                if value is not None and jnp.shape(value) != want[name]:
-                    raise ctx.error(f"{name} must have shape {want[name]}, got {jnp.shape(value)}")
-            dtype = jnp.result_type(x)
-            ctx.check_size((steps, directions, batch, hidden), dtype, "the output Y")
-            zeros = jnp.zeros((directions, batch, hidden), dtype)
-            h0 = zeros if initial_h is None else initial_h
-            c0 = zeros if initial_c is None else initial_c
-            bias = jnp.zeros((directions, 2 * gates * hidden), dtype) if b is None else b
-            lengths = (jnp.full((batch,), steps, jnp.int32) if sequence_lens is None
-                       else jnp.clip(jnp.asarray(sequence_lens).astype(jnp.int32), 0, steps))
-            ys, hs, cs = [], [], []
-            for d in range(directions):
-                reverse = direction == "reverse" or d == 1
-                p = {"R": r[d], "P": None if kind != "LSTM" else (
-                    jnp.split(peepholes[d], 3) if peepholes is not None else (jnp.zeros((hidden,), dtype),) * 3)}
-                xd = _reverse_valid(x, lengths) if reverse else x
-                wb, rb = jnp.split(bias[d], 2)
-                x_proj = xd @ w[d].T + wb  # all steps at once, outside the loop
+    def recurrent(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, peepholes=None):
+        if jnp.ndim(x) != 3:
+            raise ctx.error(f"X must have rank 3, got shape {jnp.shape(x)}")
+        if layout == 1:
+            x = jnp.swapaxes(x, 0, 1)
+        steps, batch, features = jnp.shape(x)
+        hidden = ctx.attrs.get("hidden_size") or jnp.shape(r)[-1]
+        want = {"W": (directions, gates * hidden, features), "R": (directions, gates * hidden, hidden),
+                "B": (directions, 2 * gates * hidden), "initial_h": (directions, batch, hidden),
+                "initial_c": (directions, batch, hidden), "P": (directions, 3 * hidden),
+                "sequence_lens": (batch,)}
+        given = {"W": w, "R": r, "B": b, "initial_h": initial_h, "initial_c": initial_c, "P": peepholes,
+                 "sequence_lens": sequence_lens}
+        for name, value in given.items():
+            if value is not None and jnp.shape(value) != want[name]:
+                raise ctx.error(f"{name} must have shape {want[name]}, got {jnp.shape(value)}")
+        dtype = jnp.result_type(x)
+        ctx.check_size((steps, directions, batch, hidden), dtype, "the output Y")
+        zeros = jnp.zeros((directions, batch, hidden), dtype)
+        h0 = zeros if initial_h is None else initial_h
+        c0 = zeros if initial_c is None else initial_c
+        bias = jnp.zeros((directions, 2 * gates * hidden), dtype) if b is None else b
+        lengths = (jnp.full((batch,), steps, jnp.int32) if sequence_lens is None
+                   else jnp.clip(jnp.asarray(sequence_lens).astype(jnp.int32), 0, steps))
+        ys, hs, cs = [], [], []
+        for d in range(directions):
+            reverse = direction == "reverse" or d == 1
+            p = {"R": r[d], "P": None if kind != "LSTM" else (
+                jnp.split(peepholes[d], 3) if peepholes is not None else (jnp.zeros((hidden,), dtype),) * 3)}
+            xd = _reverse_valid(x, lengths) if reverse else x
+            wb, rb = jnp.split(bias[d], 2)
+            x_proj = xd @ w[d].T + wb  # all steps at once, outside the loop
 
-                def step(carry, inputs, d=d, p=p, rb=rb):
-                    h, c = carry
-                    xp, t = inputs
-                    h_new, c_new = cell(d, p, xp, h, c, rb)
-                    valid = (t < lengths)[:, None]
-                    h_new = jnp.where(valid, h_new, h)
-                    c_new = c if c_new is None else jnp.where(valid, c_new, c)
-                    return (h_new, c_new), jnp.where(valid, h_new, 0)
+            def step(carry, inputs, d=d, p=p, rb=rb):
+                h, c = carry
+                xp, t = inputs
+                h_new, c_new = cell(d, p, xp, h, c, rb)
+                valid = (t < lengths)[:, None]
+                h_new = jnp.where(valid, h_new, h)
+                c_new = c if c_new is None else jnp.where(valid, c_new, c)
+                return (h_new, c_new), jnp.where(valid, h_new, 0)
 
-                (h_last, c_last), y = lax.scan(step, (h0[d], c0[d]), (x_proj, jnp.arange(steps)))
-                ys.append(_reverse_valid(y, lengths) if reverse else y)
-                hs.append(h_last)
-                cs.append(c_last)
-            y = jnp.stack(ys, axis=1).astype(dtype)  # [T, D, B, H]
-            y_h, y_c = jnp.stack(hs).astype(dtype), jnp.stack(cs).astype(dtype)
-            if layout == 1:
-                y, y_h, y_c = jnp.transpose(y, (2, 0, 1, 3)), jnp.swapaxes(y_h, 0, 1), jnp.swapaxes(y_c, 0, 1)
-            return (y, y_h, y_c)[:outputs]
+            (h_last, c_last), y = lax.scan(step, (h0[d], c0[d]), (x_proj, jnp.arange(steps)))
+            ys.append(_reverse_valid(y, lengths) if reverse else y)
+            hs.append(h_last)
+            cs.append(c_last)
+        y = jnp.stack(ys, axis=1).astype(dtype)  # [T, D, B, H]
+        y_h, y_c = jnp.stack(hs).astype(dtype), jnp.stack(cs).astype(dtype)
+        if layout == 1:
+            y, y_h, y_c = jnp.transpose(y, (2, 0, 1, 3)), jnp.swapaxes(y_h, 0, 1), jnp.swapaxes(y_c, 0, 1)
+        return (y, y_h, y_c)[:outputs]
 
-        return recurrent
-
-    return build
-
-
-OPS.op("RNN", 7, 14, 22)(_recurrent_builder("RNN", 1, ["Tanh"], 2))
-OPS.op("GRU", 7, 14, 22)(_recurrent_builder("GRU", 3, ["Sigmoid", "Tanh"], 2))
-OPS.op("LSTM", 7, 14, 22)(_recurrent_builder("LSTM", 4, ["Sigmoid", "Tanh", "Tanh"], 3))
+    return recurrent

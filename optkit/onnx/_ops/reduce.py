@@ -7,35 +7,8 @@ import jax.numpy as jnp
 
 from optkit.onnx._ops._common import axis_index, axis_indices, lowest
 from optkit.onnx._ops._registry import Family
-from optkit.onnx._ops._values import static_value
 
 OPS = Family("reduce")
-
-
-def _reduce_builder(fn, input_axes_since: int):
-    """ReduceX: axes as an attribute before ``input_axes_since``, a (static) input from it."""
-
-    def build(ctx):
-        keepdims = bool(ctx.attrs.get("keepdims", 1))
-        noop = bool(ctx.attrs.get("noop_with_empty_axes", 0))
-        axes_input = ctx.version >= input_axes_since
-
-        def reduce(x, axes=None):
-            if axes_input:
-                given = static_value(axes, ctx, "axes")
-                values = None if given is None else [int(a) for a in given.reshape(-1)]
-            else:
-                values = ctx.attrs.get("axes")
-            if not values:
-                if noop and axes_input:
-                    return x
-                values = list(range(jnp.ndim(x)))
-            normalized = axis_indices(ctx, values, jnp.ndim(x))
-            return fn(x, normalized, keepdims)
-
-        return reduce
-
-    return build
 
 
 def _reduce_max(x, axes, keepdims):
@@ -63,51 +36,83 @@ def _log_sum_exp(x, axes, keepdims):
     return jax.nn.logsumexp(x, axis=axes, keepdims=keepdims).astype(jnp.result_type(x))
 
 
-OPS.op("ReduceSum", 1, 11, 13, static_inputs=(1,))(
-    _reduce_builder(lambda x, a, k: jnp.sum(x, axis=a, keepdims=k), 13))
-OPS.op("ReduceMean", 1, 11, 13, 18, static_inputs=(1,))(
-    _reduce_builder(lambda x, a, k: jnp.mean(x, axis=a, keepdims=k), 18))
-OPS.op("ReduceMax", 1, 11, 12, 13, 18, 20, static_inputs=(1,))(
-    _reduce_builder(_reduce_max, 18))
+def _sum(x, axes, keepdims):
+    return jnp.sum(x, axis=axes, keepdims=keepdims)
 
 
-OPS.op("ReduceSumSquare", 1, 11, 13, 18, static_inputs=(1,))(
-    _reduce_builder(lambda x, a, k: jnp.sum(x * x, axis=a, keepdims=k), 18))
-OPS.op("ReduceMin", 1, 11, 12, 13, 18, 20, static_inputs=(1,))(_reduce_builder(_reduce_min, 18))
-OPS.op("ReduceProd", 1, 11, 13, 18, static_inputs=(1,))(
-    _reduce_builder(lambda x, a, k: jnp.prod(x, axis=a, keepdims=k), 18))
-OPS.op("ReduceL1", 1, 11, 13, 18, static_inputs=(1,))(
-    _reduce_builder(lambda x, a, k: jnp.sum(jnp.abs(x), axis=a, keepdims=k), 18))
-OPS.op("ReduceL2", 1, 11, 13, 18, static_inputs=(1,))(
-    _reduce_builder(lambda x, a, k: jnp.sqrt(jnp.sum(x * x, axis=a, keepdims=k)).astype(jnp.result_type(x)), 18))
-OPS.op("ReduceLogSum", 1, 11, 13, 18, 28, static_inputs=(1,))(
-    _reduce_builder(lambda x, a, k: jnp.log(jnp.sum(x, axis=a, keepdims=k)), 18))
-OPS.op("ReduceLogSumExp", 1, 11, 13, 18, 28, static_inputs=(1,))(_reduce_builder(_log_sum_exp, 18))
+def _mean(x, axes, keepdims):
+    return jnp.mean(x, axis=axes, keepdims=keepdims)
 
 
-def _arg_builder(fn):
+def _sum_square(x, axes, keepdims):
+    return jnp.sum(x * x, axis=axes, keepdims=keepdims)
+
+
+def _prod(x, axes, keepdims):
+    return jnp.prod(x, axis=axes, keepdims=keepdims)
+
+
+def _l1(x, axes, keepdims):
+    return jnp.sum(jnp.abs(x), axis=axes, keepdims=keepdims)
+
+
+def _l2(x, axes, keepdims):
+    return jnp.sqrt(jnp.sum(x * x, axis=axes, keepdims=keepdims)).astype(jnp.result_type(x))
+
+
+def _log_sum(x, axes, keepdims):
+    return jnp.log(jnp.sum(x, axis=axes, keepdims=keepdims))
+
+
+# params: the reduction, and the version from which axes is an input rather than an attribute
+@OPS.op("ReduceSum", 1, 11, 13, static_inputs=(1,), params=(_sum, 13))
+@OPS.op("ReduceMean", 1, 11, 13, 18, static_inputs=(1,), params=(_mean, 18))
+@OPS.op("ReduceMax", 1, 11, 12, 13, 18, 20, static_inputs=(1,), params=(_reduce_max, 18))
+@OPS.op("ReduceSumSquare", 1, 11, 13, 18, static_inputs=(1,), params=(_sum_square, 18))
+@OPS.op("ReduceMin", 1, 11, 12, 13, 18, 20, static_inputs=(1,), params=(_reduce_min, 18))
+@OPS.op("ReduceProd", 1, 11, 13, 18, static_inputs=(1,), params=(_prod, 18))
+@OPS.op("ReduceL1", 1, 11, 13, 18, static_inputs=(1,), params=(_l1, 18))
+@OPS.op("ReduceL2", 1, 11, 13, 18, static_inputs=(1,), params=(_l2, 18))
+@OPS.op("ReduceLogSum", 1, 11, 13, 18, 28, static_inputs=(1,), params=(_log_sum, 18))
+@OPS.op("ReduceLogSumExp", 1, 11, 13, 18, 28, static_inputs=(1,), params=(_log_sum_exp, 18))
+def _reduce(ctx, fn, input_axes_since: int):
+    """ReduceX: axes as an attribute before ``input_axes_since``, a (static) input from it."""
+    keepdims = bool(ctx.attrs.get("keepdims", 1))
+    noop = bool(ctx.attrs.get("noop_with_empty_axes", 0))
+    axes_input = ctx.version >= input_axes_since
+
+    def reduce(x, axes=None):
+        if axes_input:
+            values = None if axes is None else [int(a) for a in axes.reshape(-1)]
+        else:
+            values = ctx.attrs.get("axes")
+        if not values:
+            if noop and axes_input:
+                return x
+            values = list(range(jnp.ndim(x)))
+        normalized = axis_indices(ctx, values, jnp.ndim(x))
+        return fn(x, normalized, keepdims)
+
+    return reduce
+
+
+@OPS.op("ArgMax", 11, 12, 13, params=(jnp.argmax,))
+@OPS.op("ArgMin", 11, 12, 13, params=(jnp.argmin,))
+def _arg(ctx, fn):
     """ArgMax/ArgMin: int64 indices along ``axis``; the first extreme, or the last with ``select_last_index``."""
+    axis = ctx.attrs.get("axis", 0)
+    keepdims = bool(ctx.attrs.get("keepdims", 1))
+    last = bool(ctx.attrs.get("select_last_index", 0))
 
-    def build(ctx):
-        axis = ctx.attrs.get("axis", 0)
-        keepdims = bool(ctx.attrs.get("keepdims", 1))
-        last = bool(ctx.attrs.get("select_last_index", 0))
+    def arg(x):
+        a = axis_index(ctx, axis, jnp.ndim(x))
+        if jnp.shape(x)[a] == 0:
+            raise ctx.error(f"axis {a} of shape {jnp.shape(x)} is empty")
+        if last:
+            n = jnp.shape(x)[a]
+            index = n - 1 - fn(jnp.flip(x, a), axis=a, keepdims=keepdims)
+        else:
+            index = fn(x, axis=a, keepdims=keepdims)
+        return index.astype(jnp.int64)
 
-        def arg(x):
-            a = axis_index(ctx, axis, jnp.ndim(x))
-            if jnp.shape(x)[a] == 0:
-                raise ctx.error(f"axis {a} of shape {jnp.shape(x)} is empty")
-            if last:
-                n = jnp.shape(x)[a]
-                index = n - 1 - fn(jnp.flip(x, a), axis=a, keepdims=keepdims)
-            else:
-                index = fn(x, axis=a, keepdims=keepdims)
-            return index.astype(jnp.int64)
-
-        return arg
-
-    return build
-
-
-OPS.op("ArgMax", 11, 12, 13)(_arg_builder(jnp.argmax))
-OPS.op("ArgMin", 11, 12, 13)(_arg_builder(jnp.argmin))
+    return arg

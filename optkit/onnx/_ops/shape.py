@@ -3,8 +3,8 @@
 Values known before running (initializers, ``Constant`` outputs, ``Shape``
 outputs, and what is computed from those alone) flow through the graph as
 NumPy arrays; inputs that ONNX passes as tensors but XLA needs as static
-values (``Reshape``'s ``shape``, ``Unsqueeze``'s ``axes``...) are read with
-:func:`~optkit.onnx._ops._values.static_value`.
+values (``Reshape``'s ``shape``, ``Unsqueeze``'s ``axes``...) are declared as
+``static_inputs`` and reach the handler as NumPy arrays.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from jax import lax
 
 from optkit.onnx._ops._common import axis_index, axis_indices, checked_indices
 from optkit.onnx._ops._registry import Family, NodeContext
-from optkit.onnx._ops._values import static_value
 
 OPS = Family("shape")
 
@@ -44,7 +43,7 @@ def _reshape(ctx):
     allowzero = bool(ctx.attrs.get("allowzero", 0))
 
     def reshape(x, shape):
-        target = [int(d) for d in static_value(shape, ctx, "shape").reshape(-1)]
+        target = [int(d) for d in shape.reshape(-1)]
         source = jnp.shape(x)
         if target.count(-1) > 1:
             raise ctx.error(f"shape {target} has more than one -1")
@@ -105,8 +104,7 @@ def _axes_attribute_or_input(ctx: NodeContext, axes: Any) -> list[int] | None:
     """Squeeze/Unsqueeze axes: an attribute before opset 13, a (static) input from 13."""
     if ctx.version < 13:
         return ctx.attrs.get("axes")
-    value = static_value(axes, ctx, "axes")
-    return None if value is None else [int(a) for a in value.reshape(-1)]
+    return None if axes is None else [int(a) for a in axes.reshape(-1)]
 
 
 @OPS.op("Unsqueeze", 1, 11, 13, 21, 23, 24, 25, static_inputs=(1,))
@@ -211,13 +209,13 @@ def _gather_elements(ctx):
 @OPS.op("Slice", 10, 11, 13, static_inputs=(1, 2, 3, 4))
 def _slice(ctx):
     def slice_(x, starts, ends, axes=None, steps=None):
-        starts = [int(v) for v in static_value(starts, ctx, "starts").reshape(-1)]
-        ends = [int(v) for v in static_value(ends, ctx, "ends").reshape(-1)]
+        starts = [int(v) for v in starts.reshape(-1)]
+        ends = [int(v) for v in ends.reshape(-1)]
         rank = jnp.ndim(x)
         axes = list(range(len(starts))) if axes is None else [
-            int(v) for v in static_value(axes, ctx, "axes").reshape(-1)]
+            int(v) for v in axes.reshape(-1)]
         steps = [1] * len(starts) if steps is None else [
-            int(v) for v in static_value(steps, ctx, "steps").reshape(-1)]
+            int(v) for v in steps.reshape(-1)]
         if not len(starts) == len(ends) == len(axes) == len(steps):
             raise ctx.error(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} must have "
                             f"the same length")
@@ -238,14 +236,15 @@ def _slice(ctx):
     return slice_
 
 
-def _ints(ctx: NodeContext, value: Any, what: str) -> list[int]:
-    return [int(v) for v in static_value(value, ctx, what).reshape(-1)]
+def _ints(value: np.ndarray) -> list[int]:
+    """A static input (a NumPy array) as a list of ints."""
+    return [int(v) for v in value.reshape(-1)]
 
 
 @OPS.op("Expand", 8, 13, static_inputs=(1,))
 def _expand(ctx):
     def expand(x, shape):
-        target = _ints(ctx, shape, "shape")
+        target = _ints(shape)
         if any(d < 0 for d in target):
             raise ctx.error(f"shape {target} has a negative dimension")
         try:  # bidirectional: a 1 in shape keeps X's dimension
@@ -266,7 +265,7 @@ def _constant_of_shape(ctx):
         raise ctx.error(f"value must hold one element, got shape {value.shape}")
 
     def constant_of_shape(shape):
-        dims = _ints(ctx, shape, "input")
+        dims = _ints(shape)
         if any(d < 0 for d in dims):
             raise ctx.error(f"shape {dims} has a negative dimension")
         ctx.check_size(dims, value.dtype, "the output")
@@ -282,7 +281,7 @@ def _range(ctx):
     stash = ctx.version >= 27 and ctx.attrs.get("stash_type", 1) == 1
 
     def range_(start, limit, delta):
-        values = [static_value(v, ctx, what) for v, what in ((start, "start"), (limit, "limit"), (delta, "delta"))]
+        values = [start, limit, delta]
         if any(v.size != 1 for v in values):
             raise ctx.error(f"start, limit and delta must be scalars, got shapes {[v.shape for v in values]}")
         dtype = values[0].dtype
@@ -304,7 +303,7 @@ def _range(ctx):
 @OPS.op("Tile", 6, 13, static_inputs=(1,))
 def _tile(ctx):
     def tile(x, repeats):
-        reps = _ints(ctx, repeats, "repeats")
+        reps = _ints(repeats)
         if len(reps) != jnp.ndim(x) or any(r < 0 for r in reps):
             raise ctx.error(f"repeats {reps} must hold one non-negative count per axis of X {jnp.shape(x)}")
         ctx.check_size([d * r for d, r in zip(jnp.shape(x), reps)], jnp.result_type(x), "the output")
@@ -325,7 +324,7 @@ def _split(ctx):
         a = axis_index(ctx, axis, jnp.ndim(x))
         dim = jnp.shape(x)[a]
         given = ctx.attrs.get("split") if ctx.version < 13 else (
-            None if sizes is None else _ints(ctx, sizes, "split"))
+            None if sizes is None else _ints(sizes))
         if given is not None:
             if len(given) != count or any(s < 0 for s in given) or sum(given) != dim:
                 raise ctx.error(f"split {given} must hold {count} non-negative sizes adding up to {dim}")
@@ -342,7 +341,7 @@ def _split(ctx):
     return split
 
 
-@OPS.op("Pad", 2, 11, 13, 18, 19, 21, 23, 24, 25, static_inputs=(1, 2, 3))
+@OPS.op("Pad", 2, 11, 13, 18, 19, 21, 23, 24, 25, static_inputs=(1, 3))
 def _pad(ctx):
     mode = ctx.attrs.get("mode", "constant")
     modes = {"constant": "constant", "reflect": "reflect", "edge": "edge"}
@@ -356,12 +355,12 @@ def _pad(ctx):
         if ctx.version < 11:
             pads, value = list(ctx.attrs["pads"]), ctx.attrs.get("value", 0.0)
         else:
-            pads = _ints(ctx, pads, "pads")
+            pads = _ints(pads)
             value = 0 if constant_value is None else constant_value
             if jnp.size(value) != 1:
                 raise ctx.error(f"constant_value must be a scalar, got shape {jnp.shape(value)}")
             value = jnp.reshape(value, ())
-        named = list(range(rank)) if axes is None else list(axis_indices(ctx, _ints(ctx, axes, "axes"), rank))
+        named = list(range(rank)) if axes is None else list(axis_indices(ctx, _ints(axes), rank))
         if len(pads) != 2 * len(named):
             raise ctx.error(f"pads {pads} must hold 2 entries per padded axis ({len(named)} axes)")
         begin, end = [0] * rank, [0] * rank
@@ -419,7 +418,7 @@ def _trilu(ctx):
     def trilu(x, k=None):
         if jnp.ndim(x) < 2:
             raise ctx.error(f"input must have rank >= 2, got shape {jnp.shape(x)}")
-        diagonal = 0 if k is None else _ints(ctx, k, "k")[0]
+        diagonal = 0 if k is None else _ints(k)[0]
         return jnp.triu(x, diagonal) if upper else jnp.tril(x, diagonal)
 
     return trilu
@@ -431,7 +430,7 @@ def _cumsum(ctx):
     reverse = bool(ctx.attrs.get("reverse", 0))
 
     def cumsum(x, axis):
-        a = axis_index(ctx, _ints(ctx, axis, "axis")[0], jnp.ndim(x))
+        a = axis_index(ctx, _ints(axis)[0], jnp.ndim(x))
         x = jnp.flip(x, a) if reverse else x
         y = jnp.cumsum(x, axis=a, dtype=jnp.result_type(x))
         if exclusive:  # shifted by one along the axis, 0 first

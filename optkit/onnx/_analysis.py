@@ -1,0 +1,104 @@
+"""Load-time analyses of a converted ONNX graph, each one walk back over its nodes (``walk_back``):
+what its Gradient nodes ask for (bounded), and which graph inputs must be known before running.
+
+All the walks over one model share one :class:`~optkit._src.graph.analysis.StepBudget`
+(:data:`~optkit.onnx._limits.MAX_ANALYSIS_STEPS` steps), so loading a model from a
+stranger is O(Gradient nodes x graph nodes), bounded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import onnx
+
+from optkit._src.graph.analysis import StepBudget, walk_back
+from optkit.onnx._limits import GRADIENT_DEPTH_CEILING, Limits
+from optkit.onnx._ops._registry import OpSpec
+from optkit.onnx._ops._values import TRAINING_DOMAIN, node_name, node_where, normalize_domain
+
+__all__ = ["check_gradient_work", "static_inputs"]
+
+
+def _producers(nodes: Sequence[onnx.NodeProto]) -> dict[str, int]:
+    producer: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        for out in node.output:
+            if out:
+                producer.setdefault(out, index)
+    return producer
+
+
+def check_gradient_work(nodes: Sequence[onnx.NodeProto], limits: Limits, budget: StepBudget, opset: int | None) -> None:
+    """Bound what the graph's Gradient nodes ask for, at load time, naming the node that goes past a bound.
+
+    A Gradient node's sub-graph is the graph from ``xs + zs`` to ``y``, cut at
+    ``xs + zs``; a Gradient node inside it is differentiated again. Per node:
+
+    - depth: 1 + the depth of the deepest Gradient node in its sub-graph, at
+      most ``max_gradient_depth``;
+    - reverse passes: ``1 + 2 * (the passes of each Gradient node in its
+      sub-graph)`` (each inner node is traced forward and differentiated again
+      there); the model's total, over every Gradient node, at most
+      ``max_gradient_passes``: one level of four Gradient nodes over four
+      others multiplies the work by about eight, so depth alone does not
+      bound it.
+
+    ``opset`` is the model's opset of the training domain, for messages.
+    Nodes come in the graph's order (onnx.checker requires it topologically
+    sorted), so every inner Gradient node is known before it is needed.
+
+    Raises:
+      ValueError: a bound passed, or the walks past ``budget``.
+    """
+    producer = _producers(nodes)
+    depth: dict[int, int] = {}
+    passes: dict[int, int] = {}
+    for index, node in enumerate(nodes):
+        if normalize_domain(node.domain) != TRAINING_DOMAIN or node.op_type != "Gradient":
+            continue
+        attrs = {a.name: a for a in node.attribute}
+        if "y" not in attrs:
+            continue  # parse_attributes refused it already
+        where = node_where(node_name(node.name, node.op_type, index), TRAINING_DOMAIN, "Gradient", 1, opset)
+        y = attrs["y"].s.decode("utf-8", "replace")
+        stop = {v.decode("utf-8", "replace") for key in ("xs", "zs") if key in attrs for v in attrs[key].strings}
+        budget.where = where
+        # A Gradient differentiated through itself is a cycle: Graph.validate names it.
+        reached, _ = walk_back([y], stop, producer, lambda p: () if p == index else nodes[p].input, budget)
+        inner = sorted(p for p in reached if p in depth)
+        deepest = max(inner, key=depth.__getitem__, default=None)
+        depth[index] = 1 + (0 if deepest is None else depth[deepest])
+        passes[index] = 1 + 2 * sum(passes[p] for p in inner)
+        if depth[index] > limits.max_gradient_depth:
+            inner_name = node_name(nodes[deepest].name, "Gradient", deepest)
+            raise ValueError(
+                f"{where}: Gradient nodes nest {depth[index]} deep here (its y {y!r} is computed through Gradient "
+                f"node {inner_name!r}), more than optkit.onnx's limit of {limits.max_gradient_depth}; each level "
+                f"differentiates the one below again. Pass max_gradient_depth= (at most {GRADIENT_DEPTH_CEILING}) "
+                f"to allow more")
+        total = sum(passes.values())
+        if total > limits.max_gradient_passes:
+            raise ValueError(
+                f"{where}: the model's Gradient nodes need {total} reverse passes so far (this one "
+                f"{passes[index]}: {len(inner)} Gradient nodes in its sub-graph, each differentiated again), more "
+                f"than optkit.onnx's limit of {limits.max_gradient_passes}; pass max_gradient_passes= to allow "
+                f"more (compile time grows with it)")
+
+
+def static_inputs(nodes: Sequence[onnx.NodeProto], specs: Mapping[int, OpSpec], inputs: set[str],
+                  budget: StepBudget) -> frozenset[str]:
+    """The graph inputs that a static input slot (a Reshape shape...) depends on, through nodes that would
+    fold (all inputs static); a ``Shape`` output is static whatever its input, a Gradient's never folds.
+
+    Args:
+      nodes: the graph's nodes; ``specs`` the registration each one was built from, by index.
+      inputs: the graph input names.
+    """
+    slots = [node.input[i] for index, node in enumerate(nodes) for i in specs[index].static_inputs
+             if i < len(node.input) and node.input[i]]
+    producer = {name: index for name, index in _producers(nodes).items()
+                if not (specs[index].static_outputs or specs[index].op_type == "Gradient")}
+    budget.where = "the graph's static inputs"
+    _, leaves = walk_back(slots, (), producer, lambda p: [i for i in nodes[p].input if i], budget)
+    return frozenset(leaves) & inputs

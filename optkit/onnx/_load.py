@@ -1,0 +1,117 @@
+"""Loading a model: one pipeline, each stage run once, in this order, none calling back into an earlier one.
+
+1. :func:`~optkit.onnx._files.read_model`: the file read (bounded), every
+   tensor it brings held to the bounds, external data read from the model's
+   own directory only;
+2. :func:`~optkit.onnx._operators.check_operators`: every operator version
+   looked up once in the op table; all the ones optkit does not run named
+   in one error, before the checker's pass over a large model;
+3. :func:`~optkit.onnx._files.check_model`: ``onnx.checker``;
+4. :func:`~optkit.onnx._functions.expand_functions`: model-local functions
+   inlined, the expansion bounded;
+5. :func:`~optkit.onnx._convert.convert`: declarations decoded
+   (:mod:`optkit.onnx._protos`), nodes built into an :class:`optkit.Graph`
+   from the rows of step 2, sub-graphs by the same code, the Gradient work
+   bounded and the static inputs found (:mod:`optkit.onnx._analysis`).
+
+The bounds travel as one :class:`~optkit.onnx._limits.Limits` value.
+:func:`load` is the one entry: :func:`to_graph`, :func:`optkit.onnx.prepare`
+(and through it ``run_model``, ``run_node`` and the ``Backend``) call it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from optkit import Graph
+from optkit.onnx._convert import Converted, convert
+from optkit.onnx._files import ModelSource, check_model, read_model
+from optkit.onnx._functions import expand_functions
+from optkit.onnx._limits import Limits
+from optkit.onnx._operators import check_operators
+
+__all__ = ["load", "to_graph"]
+
+
+def load(model: ModelSource, limits: Limits, base_dir: str | os.PathLike[str] | None = None) -> Converted:
+    """Read, check and convert ``model`` under ``limits``: the pipeline above; errors as :func:`to_graph`."""
+    proto, origin = read_model(model, base_dir, limits)
+    operators = check_operators(proto)
+    check_model(proto, origin)
+    expanded = expand_functions(proto) if proto.functions else proto
+    return dataclasses.replace(convert(expanded, operators, limits), model=proto)
+
+
+def to_graph(
+    model: ModelSource,
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    max_tensor_bytes: int | None = None,
+    max_gradient_depth: int | None = None,
+    max_gradient_passes: int | None = None,
+) -> Graph:
+    """Load an ONNX model into an :class:`optkit.Graph`.
+
+    The model is read and checked (:func:`load_model`), each node is mapped
+    through the op table (standard ``ai.onnx`` operators and
+    ``ai.onnx.preview.training`` Adagrad, Adam and Momentum, SPEC 1, 3, 4);
+    each Gradient node becomes a Graph Gradient node (SPEC 6). Graph inputs
+    are declared with their ONNX dtype and shape, initializers are constants
+    (NumPy arrays) that a feed of a graph input of the same name overrides.
+    A node whose inputs are all NumPy values (initializers, constants, shapes)
+    is computed once, eagerly, even under ``jax.jit`` (constant folding), and
+    gives a NumPy value: that is how a ``Reshape`` reads a shape computed by
+    other nodes. Feed JAX arrays to compute everything else in XLA.
+
+    The graph is pure JAX: ``jax.jit(graph.as_function(...))`` compiles it.
+    ONNX's 64-bit types (INT64 step counts and indices, DOUBLE) need JAX's
+    64-bit mode: evaluate it inside ``with jax.enable_x64(True):``, as
+    :class:`optkit.onnx.BackendRep` does.
+
+    Returns:
+      The :class:`optkit.Graph`; its ``outputs`` are the model's ``graph.output``.
+
+    Source: SPEC sections 1, 3, 4, 6; the ONNX IR (graph inputs, initializers,
+    nodes) and each operator version's ONNX documentation.
+
+    Args:
+      model: a ``ModelProto``, its bytes, a path or a binary file object.
+      base_dir: the directory of the external data of a model given without
+        a path (see :func:`load_model`); None refuses such data.
+      max_tensor_bytes: the largest tensor the graph may declare or compute,
+        in bytes; default :func:`default_max_tensor_bytes` (half the memory
+        available now).
+      max_gradient_depth: how deep Gradient nodes may nest, 1 to 16; default 8.
+      max_gradient_passes: the reverse passes the Gradient nodes may need in
+        all (see README "Loading ONNX files from strangers"); default 4096.
+
+    Raises:
+      ValueError: malformed bytes (text that is not UTF-8 included), a model
+        ``onnx.checker`` rejects, external data outside the model's directory
+        or without one (see :func:`load_model`), a node with invalid
+        attributes or arity (e.g. an optimizer whose input count is not
+        ``2 + k*n``, a Momentum without its required attributes), a declared
+        shape with a negative dimension, Gradient nodes nested deeper than
+        ``max_gradient_depth`` (naming the node).
+      TensorTooLargeError: (a ``ValueError`` and a ``MemoryError``) a declared
+        shape above ``max_tensor_bytes``; when the graph is traced (jit,
+        ``jax.eval_shape``, :class:`BackendRep`), a node whose output would
+        exceed it, before anything is computed (a node computed from
+        constants alone is checked abstractly before it is folded).
+      UnsupportedOpError: an operator, operator version, opset version or
+        element type that optkit does not run; the message names op type,
+        domain and opset.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, optkit.onnx
+      >>> from onnx import TensorProto, helper
+      >>> node = helper.make_node("Add", ["a", "b"], ["c"])
+      >>> info = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2])
+      >>> model = helper.make_model(helper.make_graph([node], "g", [info("a"), info("b")], [info("c")]))
+      >>> graph = optkit.onnx.to_graph(model)
+      >>> jax.jit(graph.as_function(["a", "b"], "c"))(jnp.ones(2), jnp.ones(2))
+      Array([2., 2.], dtype=float32)
+    """
+    limits = Limits.make(max_tensor_bytes, max_gradient_depth, max_gradient_passes=max_gradient_passes)
+    return load(model, limits, base_dir).graph
