@@ -183,7 +183,7 @@ class Rules:
     """
 
     def __init__(self, *, factor_map: Any = None, logical_factor_rules: Any = None, param_logical_axes: Any = None,
-                 multiply_by_parameter_scale: Any = True, t5x: bool = False):
+                 multiply_by_parameter_scale: Any = True):
         self.factor_map = _check_pairs("factor_map", factor_map, _check_rule)
         if logical_factor_rules is not None and not isinstance(logical_factor_rules, Mapping):
             raise TypeError(f"logical_factor_rules must be a mapping from logical axis name to role, got "
@@ -196,7 +196,6 @@ class Rules:
         else:
             self.scale_map = _check_pairs("multiply_by_parameter_scale", multiply_by_parameter_scale, _check_bool)
             self.scale_default = None
-        self.t5x = t5x
 
     @property
     def any(self) -> bool:

@@ -36,6 +36,24 @@ def _off_when_zero(value: Any) -> Any:
     return None if value is None or concrete_float(value) == 0.0 else value
 
 
+def _clip_by_global_norm(updates: Any, threshold: Any) -> Any:
+    """T5X's gradient clipping, before the statistics: ``g * d * min(1/d, 1/||g||)`` over every leaf."""
+    leaves = [jnp.asarray(g) for g in jax.tree.leaves(updates)]
+    norm = jnp.sqrt(jnp.sum(jnp.array([jnp.sum(jnp.square(g)) for g in leaves])))
+    d = jnp.asarray(threshold, jnp.result_type(norm, jnp.float32))
+    scale = d * jnp.minimum(1 / d, 1 / norm)
+    return jax.tree.map(lambda g: (jnp.asarray(g) * scale).astype(jnp.asarray(g).dtype), updates)
+
+
+def _skip_nan(updates: Any, new: ScaleByAdafactorState, old: ScaleByAdafactorState):
+    """T5X's ``skip_nan_updates``: an update element that is NaN becomes 0, and a statistic or first-moment
+    element that would become NaN keeps its previous value."""
+    keep = lambda a, b: jnp.where(jnp.isnan(a), b, a)  # noqa: E731
+    updates = jax.tree.map(lambda u: jnp.where(jnp.isnan(u), jnp.zeros_like(u), u), updates)
+    mu = None if new.mu is None else jax.tree.map(keep, new.mu, old.mu)
+    return updates, new._replace(nu=jax.tree.map(keep, new.nu, old.nu), mu=mu)
+
+
 def t5x_adafactor(
     learning_rate: optax.ScalarOrSchedule,
     factored: bool = True,
@@ -187,8 +205,7 @@ def t5x_adafactor(
         raise TypeError(f"multiply_by_parameter_scale must be a bool or (regex, bool) pairs, got "
                         f"{multiply_by_parameter_scale!r}")
     rules = Rules(factor_map=factor_map, logical_factor_rules=logical_factor_rules,
-                  param_logical_axes=param_logical_axes, multiply_by_parameter_scale=multiply_by_parameter_scale,
-                  t5x=True)
+                  param_logical_axes=param_logical_axes, multiply_by_parameter_scale=multiply_by_parameter_scale)
     exponent = _off_when_zero(weight_decay_rate_lr_exponent)
     decays = weight_decay_rate is not None or exponent is not None
     if rules.may_scale:
@@ -198,11 +215,10 @@ def t5x_adafactor(
     options = fast.Options(epsilon1, epsilon2, clipping_threshold, beta1, weight_decay_rate if decays else None,
                            max_parameter_scale)
     af = _Adafactor("t5x_adafactor", learning_rate=learning_rate, decay_rate=decay_rate, options=options,
-                    multiply_by_parameter_scale=rules.may_scale, factored=factored, factored_dims="largest",
+                    rules=rules, factored=factored, factored_dims="largest",
                     min_dim_size_to_factor=min_dim_size_to_factor, mu_dtype=dtype_momentum, nu_dtype=jnp.float32,
-                    params_reason=params_reason, rules=rules, t5x=True, step_offset=step_offset,
-                    skip_nan_updates=skip_nan_updates,
-                    global_norm_clip_threshold=_off_when_zero(global_norm_clip_threshold))
+                    params_reason=params_reason, t5x_factoring=True, decay_by_alpha=False, step_offset=step_offset)
+    clip_norm = _off_when_zero(global_norm_clip_threshold)
 
     def update_fn(updates, state, params=None):
         step_options = None
@@ -211,7 +227,13 @@ def t5x_adafactor(
             lr = learning_rate(count) if callable(learning_rate) else learning_rate
             rate = 1.0 if weight_decay_rate is None else weight_decay_rate
             step_options = options._replace(weight_decay_rate=rate * jnp.asarray(lr, jnp.float32) ** exponent)
-        return af.update_state(updates, state, params, step_options)
+        if clip_norm is not None:
+            updates = _clip_by_global_norm(updates, clip_norm)
+        new_updates, new_state = af.update_state(updates, state, params, step_options)
+        if skip_nan_updates:
+            old = trees.check_state(state, ScaleByAdafactorState, af.name)
+            new_updates, new_state = _skip_nan(new_updates, new_state, old)
+        return new_updates, new_state
 
     init_fn = lambda params: af.init_state(params, with_mu=beta1 is not None)  # noqa: E731
     return optax.chain(optax.GradientTransformation(init_fn, update_fn), optax.scale(-1.0))

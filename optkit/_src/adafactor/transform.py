@@ -60,28 +60,33 @@ def _step_scalars(count, learning_rate, decay_rate, step_offset=0):
 
 
 class _Adafactor:
-    """One Adafactor transformation's options, and its init and update (shared by both public forms)."""
+    """One Adafactor transformation's options, and its init and update (shared by every public form).
 
-    def __init__(self, name, *, learning_rate, decay_rate, options: fast.Options, multiply_by_parameter_scale,
-                 factored, factored_dims, min_dim_size_to_factor, mu_dtype, nu_dtype, params_reason,
-                 rules: Rules | None = None, t5x: bool = False, step_offset=0, skip_nan_updates=False,
-                 global_norm_clip_threshold=None):
+    ``t5x_factoring`` is T5X's reading of the factoring options
+    (:func:`~optkit._src.adafactor.t5x.t5x_adafactor`): the heuristic only for
+    rank <= 2, a rule of rank <= 2 without a batch axis falls back to it,
+    ``factored=False`` ignores the rules. What else only T5X does is its
+    own: the step's options (``fast.Options``' parameter-scale ceiling,
+    ``decay_by_alpha=False``: weight decay not scaled by the step size) and the transformations around
+    this step in ``t5x.py`` (global-norm clipping, skipping NaN elements).
+    """
+
+    def __init__(self, name, *, learning_rate, decay_rate, options: fast.Options, rules: Rules, factored,
+                 factored_dims, min_dim_size_to_factor, mu_dtype, nu_dtype, params_reason,
+                 t5x_factoring: bool = False, decay_by_alpha: bool = True, step_offset=0):
         self.name = name
         self.learning_rate = learning_rate
         self.decay_rate = decay_rate
         self.options = options
-        self.rules = rules or Rules(multiply_by_parameter_scale=bool(multiply_by_parameter_scale))
+        self.rules = rules
         self.factored, self.factored_dims, self.min_dim = factored, factored_dims, min_dim_size_to_factor
         self.mu_dtype, self.nu_dtype = mu_dtype, nu_dtype
         self.params_reason = params_reason
         self.guard = not is_concrete_positive(options.eps1)
-        # T5X's reading (t5x_adafactor): heuristic factoring only for rank <= 2, rules of rank <= 2 without a
-        # batch axis fall back to it, factored=False ignores the rules, weight decay is not scaled by alpha_t.
-        self.t5x = t5x
-        self.step_offset, self.skip_nan, self.clip_norm = step_offset, skip_nan_updates, global_norm_clip_threshold
+        self.t5x_factoring, self.decay_by_alpha, self.step_offset = t5x_factoring, decay_by_alpha, step_offset
 
     def _heuristic(self, path: str, shape: tuple[int, ...], min_dim: int | None):
-        if self.t5x and len(shape) > 2:
+        if self.t5x_factoring and len(shape) > 2:
             raise ValueError(f"{self.name}: the parameter {path!r} of shape {shape} has rank > 2 and needs a "
                              f"factor rule (factor_map, or logical_factor_rules with its axes' names)")
         if min_dim is None:  # at update: the statistics' shapes say whether init factored it
@@ -91,14 +96,14 @@ class _Adafactor:
 
     def layout(self, path: str, shape: tuple[int, ...], names=None, min_dim: int | None = None):
         """How the parameter at ``path`` is factored: a :class:`Plan`, ``(row, col)`` axes or None (full)."""
-        if not self.rules.any or (self.t5x and not self.factored):
-            return self._heuristic(path, shape, min_dim) if self.factored or not self.t5x else None
+        if not self.rules.any or (self.t5x_factoring and not self.factored):
+            return self._heuristic(path, shape, min_dim) if self.factored or not self.t5x_factoring else None
         rule = self.rules.roles(path, len(shape), names)
         if rule is None:
             return None
         if rule == HEURISTIC:
             return self._heuristic(path, shape, min_dim)
-        if self.t5x and len(shape) <= 2 and "batch" not in rule:
+        if self.t5x_factoring and len(shape) <= 2 and "batch" not in rule:
             return self._heuristic(path, shape, min_dim)  # T5X's fall-back (it logs a warning)
         if not self.factored:
             rule = tuple("none" if r in ("row", "column") else r for r in rule)
@@ -153,11 +158,6 @@ class _Adafactor:
         treedef = jax.tree.structure(updates)
         grads = treedef.flatten_up_to(updates)
         paths = [trees.keystr(path, "/") for path, _ in sharding.leaves_with_paths(updates)]
-        if self.clip_norm is not None:  # T5X: g * d * min(1/d, 1/||g||) over every leaf, before the statistics
-            norm = jnp.sqrt(jnp.sum(jnp.array([jnp.sum(jnp.square(g)) for g in grads])))
-            d = jnp.asarray(self.clip_norm, jnp.result_type(norm, jnp.float32))
-            scale = d * jnp.minimum(1 / d, 1 / norm)
-            grads = [(jnp.asarray(g) * scale).astype(jnp.asarray(g).dtype) for g in grads]
         xs = [None] * len(grads) if params is None else treedef.flatten_up_to(params)
         mus = [None] * len(grads) if mu is None else treedef.flatten_up_to(mu)
         scalars = _step_scalars(count, self.learning_rate, self.decay_rate, self.step_offset)
@@ -190,16 +190,11 @@ class _Adafactor:
                 g_, x_, node_, m_, axes=axes, b2=b2, lr=lr, options=options,
                 multiply_by_parameter_scale=self.rules.multiply_by_parameter_scale(path), guard=self.guard,
                 dtype=dtype, split=split, batch_ndim=0 if plan is None else plan.batch_ndim,
-                decay_by_alpha=not self.t5x)
+                decay_by_alpha=self.decay_by_alpha)
             if plan is not None:
                 update, m_new = (None if a is None else _from_step(a, plan) for a in (update, m_new))
                 nu_leaf = _from_step(nu_leaf, plan)
             nu_leaf = type(node)(*(a.astype(b.dtype) for a, b in zip(nu_leaf, node)))
-            if self.skip_nan:  # T5X: an element that would become NaN keeps its previous value
-                update = jnp.where(jnp.isnan(update), jnp.zeros_like(update), update)
-                nu_leaf = type(node)(*(jnp.where(jnp.isnan(a), b, a) for a, b in zip(nu_leaf, node)))
-                if m_new is not None:
-                    m_new = jnp.where(jnp.isnan(m_new), m.astype(m_new.dtype), m_new)
             new_updates.append(update.astype(g.dtype if x is None else x.dtype))
             new_nu.append(nu_leaf)
             if m_new is not None:
@@ -317,9 +312,8 @@ def scale_by_factored_rms(
                   param_logical_axes=param_logical_axes, multiply_by_parameter_scale=False)
     # U_t alone: the Adafactor step with a unit step size, no parameter scale, no clipping.
     af = _Adafactor("scale_by_factored_rms", learning_rate=1, decay_rate=decay_rate,
-                    options=fast.Options(eps1, None, None, None, None), multiply_by_parameter_scale=False,
-                    factored=factored, factored_dims=factored_dims, min_dim_size_to_factor=min_dim_size_to_factor,
-                    mu_dtype=None, nu_dtype=nu_dtype, params_reason=None, rules=rules)
+                    options=fast.Options(eps1, None, None, None, None), rules=rules, factored=factored, factored_dims=factored_dims, min_dim_size_to_factor=min_dim_size_to_factor,
+                    mu_dtype=None, nu_dtype=nu_dtype, params_reason=None)
 
     def init_fn(params):
         return ScaleByFactoredRmsState(count=jnp.zeros([], jnp.int32), nu=af.init_nu(params))
@@ -424,9 +418,9 @@ def scale_by_adafactor(
                   param_logical_axes=param_logical_axes,
                   multiply_by_parameter_scale=bool(multiply_by_parameter_scale))
     af = _Adafactor("scale_by_adafactor", learning_rate=learning_rate, decay_rate=decay_rate, options=options,
-                    multiply_by_parameter_scale=bool(multiply_by_parameter_scale), factored=factored,
-                    factored_dims=factored_dims, min_dim_size_to_factor=min_dim_size_to_factor, mu_dtype=mu_dtype,
-                    nu_dtype=nu_dtype, params_reason=params_reason, rules=rules)
+                    rules=rules, factored=factored, factored_dims=factored_dims,
+                    min_dim_size_to_factor=min_dim_size_to_factor, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
+                    params_reason=params_reason)
 
     return optax.GradientTransformation(lambda params: af.init_state(params, with_mu=b1 is not None),
                                         lambda updates, state, params=None: af.update_state(updates, state, params))
