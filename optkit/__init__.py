@@ -16,7 +16,7 @@ The specs' own operators, with their inputs and outputs, are in :mod:`optkit.ops
 
 Under ``jax.sharding`` every optimizer's state is sharded like the parameters
 (Adafactor's row and column statistics like the parameter without the reduced
-axis), with no communication code of optkit's own: see the README.
+axis), with no communication code of optkit's own: see the docs page "Sharding and multiple hosts".
 
 For trees of thousands of parameter arrays, :class:`FlatParams` keeps them in one
 contiguous buffer per dtype, which every element-wise optimizer steps over at once.

@@ -41,7 +41,7 @@ def _env() -> dict[str, str]:
 
 
 def test_the_readme_keeps_its_python_examples():
-    assert len(BLOCKS) >= 9
+    assert len(BLOCKS) >= 3
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[f"block{i}" for i in range(len(BLOCKS))])

@@ -326,7 +326,8 @@ def test_gradient_fan_out_within_the_bound_compiles_in_seconds():
 @pytest.mark.parametrize("depth, width", [(8, 4), (5, 4), (6, 3)])
 def test_gradient_fan_out_beyond_the_bound_is_refused_at_load_naming_the_node(depth, width):
     start = time.perf_counter()
-    with pytest.raises(ValueError, match=r"node 'g\d+_\d+' \(ai.onnx.preview.training::Gradient-1, opset 1\): the model's "
+    with pytest.raises(ValueError, match=r"node 'g\d+_\d+' \(ai.onnx.preview.training::Gradient-1, opset 1\): "
+                                         r"the model's "
                                          r"Gradient nodes need \d+ reverse passes"):
         optkit.onnx.prepare(_fanout(depth, width))
     assert time.perf_counter() - start < 5

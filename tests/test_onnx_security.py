@@ -318,7 +318,8 @@ def test_nested_gradients_within_the_limit_run():
 
 
 def test_nested_gradients_beyond_the_limit_are_refused_at_load_naming_the_node():
-    with pytest.raises(ValueError, match=r"node 'grad3' \(ai.onnx.preview.training::Gradient-1, opset 1\): Gradient nodes "
+    with pytest.raises(ValueError, match=r"node 'grad3' \(ai.onnx.preview.training::Gradient-1, opset 1\): "
+                                         r"Gradient nodes "
                                          r"nest 3 deep here \(its y 'y2' is computed through Gradient node 'grad2'\)"
                                          r".*limit of 2"):
         optkit.onnx.prepare(_nested_gradients(3), max_gradient_depth=2)

@@ -179,7 +179,7 @@ def scale_by_onnx_adagrad(
         its dtype: a float16 ``H`` overflows at a single ``|G| >= 256``
         (``G^2 >= 65520``; that coordinate's updates are 0 afterwards) and
         stays 0 for ``|G| < 1.7e-4`` (steps ``sqrt(T)`` times too large); a
-        bfloat16 ``H`` stalls (``256 + 1`` rounds to 256). README "Precision".
+        bfloat16 ``H`` stalls (``256 + 1`` rounds to 256) (docs/usage.md).
 
     Returns:
       An ``optax.GradientTransformation`` with state :class:`ScaleByOnnxAdagradState`.
@@ -243,8 +243,7 @@ def adagrad(
     A NaN gradient element makes that element's update and ``H`` NaN for
     good; an infinite one makes the update NaN and ``H`` infinite (the
     element's later updates are 0). Wrap the optimizer in
-    ``optax.apply_if_finite`` to skip such steps (README "Non-finite
-    gradients").
+    ``optax.apply_if_finite`` to skip such steps (docs/usage.md).
 
     Returns:
       An ``optax.GradientTransformation`` whose state is

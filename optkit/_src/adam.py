@@ -284,7 +284,7 @@ def scale_by_dml_adam(
         a value given to ``optax.inject_hyperparams`` (even 0.0) always needs them.
       mu_dtype: dtype of the first moment; None keeps each parameter's dtype.
       nu_dtype: dtype of the second moment; None keeps each parameter's dtype.
-        Keep it float32 for 16-bit parameters (README "Precision"). The
+        Keep it float32 for 16-bit parameters (docs/usage.md). The
         arithmetic is float32 either way, but a float16 ``V`` overflows once
         ``b2 * V + (1 - b2) * G^2`` reaches 65520 (a single ``|G| >= 8094``
         for b2 = 0.999, or a sustained ``|G|`` near 256), after which that
@@ -357,8 +357,8 @@ def adam(
 
     A NaN or infinite gradient element makes that element's update NaN and
     its moments non-finite for good; wrap the optimizer in
-    ``optax.apply_if_finite`` to skip such steps (README "Non-finite
-    gradients"). ``b1`` and ``b2`` close to 1 are fine in float32 (the bias
+    ``optax.apply_if_finite`` to skip such steps (docs/usage.md). ``b1`` and ``b2`` close to 1 are fine in
+    float32 (the bias
     correction is computed from ``1 - b``).
 
     Returns:

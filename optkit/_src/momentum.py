@@ -173,7 +173,7 @@ def scale_by_onnx_momentum(
         (1 - alpha)``: a sustained ``|G| >= 6552`` for alpha = 0.9, beta = 1).
         The update is ``V`` itself, in the gradients' dtype, so float16
         gradients that large overflow it even with float32 state; pass
-        float32 gradients then (README "Precision").
+        float32 gradients then (docs/usage.md).
 
     Returns:
       An ``optax.GradientTransformation`` with state :class:`ScaleByOnnxMomentumState`.
@@ -230,8 +230,7 @@ def momentum(
 
     A NaN gradient element makes that element's update and ``V`` NaN for
     good, an infinite one makes them infinite for good; wrap the optimizer
-    in ``optax.apply_if_finite`` to skip such steps (README "Non-finite
-    gradients").
+    in ``optax.apply_if_finite`` to skip such steps (docs/usage.md).
 
     Returns:
       An ``optax.GradientTransformation`` whose state is

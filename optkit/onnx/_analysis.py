@@ -65,7 +65,7 @@ def check_gradient_work(nodes: Sequence[onnx.NodeProto], limits: Limits, budget:
         stop = {v.decode("utf-8", "replace") for key in ("xs", "zs") if key in attrs for v in attrs[key].strings}
         budget.where = where
         # A Gradient differentiated through itself is a cycle: Graph.validate names it.
-        reached, _ = walk_back([y], stop, producer, lambda p: () if p == index else nodes[p].input, budget)
+        reached, _ = walk_back([y], stop, producer, lambda p, at=index: () if p == at else nodes[p].input, budget)
         inner = sorted(p for p in reached if p in depth)
         deepest = max(inner, key=depth.__getitem__, default=None)
         depth[index] = 1 + (0 if deepest is None else depth[deepest])

@@ -27,8 +27,8 @@ from optkit.onnx._convert import Converted
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits
 from optkit.onnx._load import load
-from optkit.onnx._protos import InputInfo
 from optkit.onnx._ops._values import TRAINING_DOMAIN, normalize_domain
+from optkit.onnx._protos import InputInfo
 
 __all__ = ["Backend", "BackendRep", "prepare", "run_model", "run_node"]
 

@@ -99,7 +99,8 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     for name in captured:
         graph.add_input(name)
     graph.outputs = declared.outputs
-    check_gradient_work(g.node, scope.limits, scope.budget, scope.operators.opsets.get(TRAINING_DOMAIN))  # before validate, which walks each level
+    # before validate, which walks each level
+    check_gradient_work(g.node, scope.limits, scope.budget, scope.operators.opsets.get(TRAINING_DOMAIN))
     graph.validate()
     names = {info.name for info in declared.inputs}
     return Converted(graph, declared.inputs, declared.outputs, static_inputs(g.node, specs, names, scope.budget),

@@ -1,8 +1,9 @@
 """What a model from a stranger may use: bytes of one tensor, Gradient nesting, expanded functions.
 
 Each bound is checked at load time where the model declares the size, and when
-the graph is traced (before XLA runs anything) for what it computes. README
-"Loading ONNX files from strangers" lists them with their defaults.
+the graph is traced (before XLA runs anything) for what it computes. The docs
+page "ONNX models on XLA", "Loading ONNX files from strangers", lists them with
+their defaults.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ GRADIENT_DEPTH_CEILING = 16
 # a model at the bound loads in seconds (34 microseconds a node on a 2-core CPU).
 MAX_EXPANDED_NODES = 100_000
 # The reverse passes a model's Gradient nodes may ask for in all (``max_gradient_passes``): the
-# work of differentiating, which nesting and fan-out multiply (README "Loading ONNX files from strangers").
+# work of differentiating, which nesting and fan-out multiply (docs/onnx.md, "Loading ONNX files from strangers").
 MAX_GRADIENT_PASSES = 4096
 # The steps the load-time walks over the Gradient nodes' sub-graphs may take in all.
 MAX_ANALYSIS_STEPS = 5_000_000

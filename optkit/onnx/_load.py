@@ -84,7 +84,7 @@ def to_graph(
         available now).
       max_gradient_depth: how deep Gradient nodes may nest, 1 to 16; default 8.
       max_gradient_passes: the reverse passes the Gradient nodes may need in
-        all (see README "Loading ONNX files from strangers"); default 4096.
+        all (see the docs page "ONNX models on XLA", "Loading ONNX files from strangers"); default 4096.
 
     Raises:
       ValueError: malformed bytes (text that is not UTF-8 included), a model

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from optkit._src import sharding, trees
+from optkit._src import trees
 
 __all__ = ["ROLES", "HEURISTIC", "Plan", "Rules", "plan_of", "t5x_standard_logical_factor_rules"]
 

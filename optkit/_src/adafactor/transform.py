@@ -312,7 +312,8 @@ def scale_by_factored_rms(
                   param_logical_axes=param_logical_axes, multiply_by_parameter_scale=False)
     # U_t alone: the Adafactor step with a unit step size, no parameter scale, no clipping.
     af = _Adafactor("scale_by_factored_rms", learning_rate=1, decay_rate=decay_rate,
-                    options=fast.Options(eps1, None, None, None, None), rules=rules, factored=factored, factored_dims=factored_dims, min_dim_size_to_factor=min_dim_size_to_factor,
+                    options=fast.Options(eps1, None, None, None, None), rules=rules, factored=factored,
+                    factored_dims=factored_dims, min_dim_size_to_factor=min_dim_size_to_factor,
                     mu_dtype=None, nu_dtype=nu_dtype, params_reason=None)
 
     def init_fn(params):
@@ -506,7 +507,7 @@ def adafactor(
         keeps float32 statistics (the mixed-precision setting); float16
         statistics overflow when the mean of ``G^2`` over a row or column
         reaches 65520 (an RMS gradient of 256), and the tensor's updates are
-        NaN from then on (README "Precision").
+        NaN from then on (docs/usage.md).
       factor_map: factor rules by path (SPEC 5b): ``(regex, rule)`` pairs,
         ``re.search``-ed against the parameter's path joined by ``/`` (dict
         keys, attribute names, indices), first match wins, no match is a
@@ -533,7 +534,7 @@ def adafactor(
     A NaN or infinite gradient element makes its whole tensor's update NaN
     (the statistics and RMS are shared over rows, columns and the tensor),
     and the tensor stays NaN; wrap the optimizer in ``optax.apply_if_finite``
-    to skip such steps (README "Non-finite gradients").
+    to skip such steps (docs/usage.md).
 
     Returns:
       An ``optax.GradientTransformation``: ``optax.chain`` of
