@@ -456,3 +456,53 @@ def test_example_trains_from_a_saved_file(tmp_path):
     assert result["reference_check"] is not None and result["reference_check"] < 1e-6
     assert np.mean(result["losses"][-5:]) < 0.5 * result["losses"][0]
     assert result["test_accuracy"] > 0.6
+
+
+@pytest.fixture
+def apply_body_op(monkeypatch):
+    """A test-only operator ``test.optkit::ApplyBody`` that runs its ``body`` sub-graph on its input, through
+    the converter's own sub-graph conversion (``ctx.convert_subgraph``), as If, Loop and Scan will."""
+
+    def build(ctx):
+        body = ctx.convert_subgraph("body")
+
+        def apply(x, captured=None):
+            feeds = {body.inputs[0].name: x, **(captured or {})}
+            return body.graph.evaluate(feeds, body.outputs, check_feeds=False)[body.outputs[0]]
+
+        return apply
+
+    domain = "test.optkit"
+    monkeypatch.setitem(TABLE._rows, (domain, "ApplyBody", 1), _registry.OpSpec("ApplyBody", (1,), build, domain))
+    monkeypatch.setitem(TABLE._versions, (domain, "ApplyBody"), [1])
+    return domain
+
+
+def _body_model(domain, body_nodes):
+    body = helper.make_graph(body_nodes, "body", [_info("xb", onnx.TensorProto.FLOAT, [2])],
+                             [_info("yb", onnx.TensorProto.FLOAT, [2])])
+    node = helper.make_node("ApplyBody", ["x"], ["y"], domain=domain, body=body)
+    graph = helper.make_graph([helper.make_node("Mul", ["a", "a"], ["w"]), node], "g",
+                              [_info("x", onnx.TensorProto.FLOAT, [2]), _info("a", onnx.TensorProto.FLOAT, [2])],
+                              [_info("y", onnx.TensorProto.FLOAT, [2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)])
+
+
+@pytest.mark.parametrize("jit", JIT)
+def test_a_sub_graph_is_converted_by_the_same_pipeline_and_reads_enclosing_names(apply_body_op, jit):
+    """The body reads ``w``, computed in the enclosing graph: it is captured, fed by the node, and the result
+    is the body's arithmetic on the fed values (y = (x + w) * w with w = a * a)."""
+    model = _body_model(apply_body_op, [helper.make_node("Add", ["xb", "w"], ["s"]),
+                                        helper.make_node("Mul", ["s", "w"], ["yb"])])
+    x, a = np.array([1.0, -2.0], np.float32), np.array([3.0, 0.5], np.float32)
+    y = optkit.onnx.prepare(model, jit=jit).run({"x": x, "a": a}).y
+    np.testing.assert_allclose(y, (x + a * a) * (a * a), rtol=1e-6)
+    graph = optkit.onnx.to_graph(model)
+    dx = jax.grad(lambda x: jnp.sum(graph.as_function(["x", "a"], "y")(x, jnp.asarray(a))))(jnp.asarray(x))
+    np.testing.assert_allclose(dx, a * a, rtol=1e-6)  # d/dx of (x + w) * w is w
+
+
+def test_operators_inside_sub_graphs_are_checked_with_the_model(apply_body_op):
+    model = _body_model(apply_body_op, [helper.make_node("Hardmax", ["xb"], ["yb"])])
+    with pytest.raises(optkit.onnx.UnsupportedOpError, match=r"ai.onnx::Hardmax \(opset 17\), node 'Hardmax#0'"):
+        optkit.onnx.prepare(model)

@@ -25,30 +25,12 @@ from optkit import Graph
 from optkit._src.graph.names import check_feed
 from optkit.onnx._convert import Converted
 from optkit.onnx._files import ModelSource
-from optkit.onnx._limits import Limits
+from optkit.onnx._limits import Limits, jax_device
 from optkit.onnx._load import load
 from optkit.onnx._ops._values import TRAINING_DOMAIN, normalize_domain
 from optkit.onnx._protos import InputInfo
 
 __all__ = ["Backend", "BackendRep", "prepare", "run_model", "run_node"]
-
-
-def _device(device: str) -> Any:
-    """The JAX device for an ONNX device string (``"CPU"``, ``"CUDA"``, ``"CUDA:1"``)."""
-    if not isinstance(device, str):
-        raise TypeError(f"device must be a string such as 'CPU' or 'CUDA:0', got {device!r}")
-    kind, _, index = device.partition(":")
-    platform = {"CPU": "cpu", "CUDA": "gpu"}.get(kind.upper())
-    if platform is None or (index and not index.isdigit()):
-        raise ValueError(f"device must be 'CPU' or 'CUDA[:index]', got {device!r}")
-    try:
-        devices = jax.devices(platform)
-    except RuntimeError:
-        raise ValueError(f"device {device!r}: JAX has no {platform} backend here") from None
-    i = int(index) if index else 0
-    if not 0 <= i < len(devices):
-        raise ValueError(f"device {device!r}: JAX sees {len(devices)} {platform} device(s)")
-    return devices[i]
 
 
 class BackendRep(onnx.backend.base.BackendRep):
@@ -327,7 +309,7 @@ class Backend(onnx.backend.base.Backend):
     def supports_device(cls, device: str) -> bool:
         """True for ``"CPU"``, and for ``"CUDA[:i]"`` when JAX has that GPU."""
         try:
-            _device(device)
+            jax_device(device)
         except (TypeError, ValueError):
             return False
         return True
@@ -395,9 +377,9 @@ def prepare(
       >>> optkit.onnx.prepare(helper.make_model(g)).run([np.zeros(2, np.float32)]).y
       array([1., 1.], dtype=float32)
     """
-    jax_device = _device(device)
-    limits = Limits.make(max_tensor_bytes, max_gradient_depth, jax_device, max_gradient_passes)
-    return BackendRep(load(model, limits, base_dir), jax_device, jit=jit, limits=limits)
+    placed = jax_device(device)
+    limits = Limits.make(max_tensor_bytes, max_gradient_depth, placed, max_gradient_passes)
+    return BackendRep(load(model, limits, base_dir), placed, jit=jit, limits=limits)
 
 
 def run_model(model: ModelSource, inputs: Any, device: str = "CPU", *, jit: bool = True,

@@ -20,7 +20,7 @@ from optkit.onnx._errors import TensorTooLargeError
 
 __all__ = ["Limits", "default_max_tensor_bytes", "check_size", "MAX_GRADIENT_DEPTH",
            "GRADIENT_DEPTH_CEILING", "MAX_EXPANDED_NODES", "MAX_DIM", "MAX_EMPTY_EXTENT", "MAX_GRADIENT_PASSES",
-           "MAX_ANALYSIS_STEPS"]
+           "MAX_ANALYSIS_STEPS", "jax_device"]
 
 # Gradient nodes nested deeper than this are refused at load time: each level of
 # nesting differentiates the level below it again, about tripling the work (8
@@ -77,6 +77,24 @@ def _available_bytes(device: Any) -> int | None:
         except (ValueError, OSError, AttributeError):
             return None
     return max(min(candidates), 0)
+
+
+def jax_device(device: str) -> Any:
+    """The JAX device for an ONNX device string (``"CPU"``, ``"CUDA"``, ``"CUDA:1"``)."""
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a string such as 'CPU' or 'CUDA:0', got {device!r}")
+    kind, _, index = device.partition(":")
+    platform = {"CPU": "cpu", "CUDA": "gpu"}.get(kind.upper())
+    if platform is None or (index and not index.isdigit()):
+        raise ValueError(f"device must be 'CPU' or 'CUDA[:index]', got {device!r}")
+    try:
+        devices = jax.devices(platform)
+    except RuntimeError:
+        raise ValueError(f"device {device!r}: JAX has no {platform} backend here") from None
+    i = int(index) if index else 0
+    if not 0 <= i < len(devices):
+        raise ValueError(f"device {device!r}: JAX sees {len(devices)} {platform} device(s)")
+    return devices[i]
 
 
 def default_max_tensor_bytes(device: Any = None) -> int:

@@ -103,19 +103,7 @@ def make_training_model(
         raise ValueError(f"output {output!r} is not a graph output; the outputs are {outputs}")
     initializers = {i.name: i for i in graph.initializer}
     read = {name for node in graph.node for name in node.input}
-    floats = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
-    if trainable is None:  # exporters' constants are left out: scalars, and tensors holding inf or NaN (masks)
-        trainable = [n for n, i in initializers.items() if i.data_type in floats and n in read and len(i.dims)
-                     and i.data_location != onnx.TensorProto.EXTERNAL
-                     and np.all(np.isfinite(numpy_helper.to_array(i)))]
-    trainable = list(trainable)
-    for name in trainable:
-        if name not in initializers:
-            raise ValueError(f"trainable name {name!r} is not an initializer of the model")
-        if initializers[name].data_type not in floats:
-            raise ValueError(f"initializer {name!r} is not floating-point and cannot be trained")
-    if not trainable:
-        raise ValueError("the model has no floating-point initializer to train")
+    trainable = _trainable(graph, initializers, read, trainable)
     slots, defaults = _OPTIMIZERS[optimizer]
     target = "labels" if loss == "softmax_cross_entropy" else "target"
     added = [target, "R", "T", "loss", "loss.squared", "loss.difference"]
@@ -131,16 +119,8 @@ def make_training_model(
     elem = out_info.type.tensor_type.elem_type or TensorProto.FLOAT
     out_dims = [d.dim_param or (d.dim_value if d.HasField("dim_value") else None) or None
                 for d in out_info.type.tensor_type.shape.dim]
-    nodes = list(graph.node)
-    if loss == "softmax_cross_entropy":
-        target_info = helper.make_tensor_value_info(target, TensorProto.INT64, out_dims[:1] or ["N"])
-        nodes.append(helper.make_node("SoftmaxCrossEntropyLoss", [output, target], ["loss"], name="loss"))
-    else:
-        target_info = helper.make_tensor_value_info(target, elem, out_dims)
-        nodes += [helper.make_node("Sub", [output, target], ["loss.difference"], name="loss.difference"),
-                  helper.make_node("Mul", ["loss.difference", "loss.difference"], ["loss.squared"],
-                                   name="loss.squared"),
-                  helper.make_node("ReduceMean", ["loss.squared"], ["loss"], keepdims=0, name="loss")]
+    target_info, loss_nodes = _loss(loss, output, target, elem, out_dims)
+    nodes = list(graph.node) + loss_nodes
     inputs_of_model = [i for i in graph.input if i.name not in initializers]
     data_inputs = [i.name for i in inputs_of_model] + [target]
     grads = [f"{p}.grad" for p in trainable]
@@ -185,6 +165,38 @@ def make_training_model(
         training.functions.append(function)
     onnx.checker.check_model(training)
     return training
+
+
+def _loss(loss: str, output: str, target: str, elem: int, out_dims: list) -> tuple[Any, list[onnx.NodeProto]]:
+    """The target's ValueInfo and the nodes computing ``loss`` from ``output`` and ``target``."""
+    if loss == "softmax_cross_entropy":
+        target_info = helper.make_tensor_value_info(target, TensorProto.INT64, out_dims[:1] or ["N"])
+        return target_info, [helper.make_node("SoftmaxCrossEntropyLoss", [output, target], ["loss"], name="loss")]
+    target_info = helper.make_tensor_value_info(target, elem, out_dims)
+    return target_info, [
+        helper.make_node("Sub", [output, target], ["loss.difference"], name="loss.difference"),
+        helper.make_node("Mul", ["loss.difference", "loss.difference"], ["loss.squared"], name="loss.squared"),
+        helper.make_node("ReduceMean", ["loss.squared"], ["loss"], keepdims=0, name="loss")]
+
+
+def _trainable(graph: onnx.GraphProto, initializers: Mapping[str, onnx.TensorProto], read: set[str],
+               trainable: Sequence[str] | None) -> list[str]:
+    """The initializers to train: those named, each checked, or by default the floating-point initializers of
+    rank >= 1 that a node reads and that hold only finite values (exporters' scalars and masks left out)."""
+    floats = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    if trainable is None:
+        trainable = [n for n, i in initializers.items() if i.data_type in floats and n in read and len(i.dims)
+                     and i.data_location != onnx.TensorProto.EXTERNAL
+                     and np.all(np.isfinite(numpy_helper.to_array(i)))]
+    trainable = list(trainable)
+    for name in trainable:
+        if name not in initializers:
+            raise ValueError(f"trainable name {name!r} is not an initializer of the model")
+        if initializers[name].data_type not in floats:
+            raise ValueError(f"initializer {name!r} is not floating-point and cannot be trained")
+    if not trainable:
+        raise ValueError("the model has no floating-point initializer to train")
+    return trainable
 
 
 def _zeros_like(tensor: onnx.TensorProto, name: str) -> onnx.TensorProto:

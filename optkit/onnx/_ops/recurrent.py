@@ -69,6 +69,34 @@ def _reverse_valid(x, lengths):
     return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (jnp.ndim(x) - 2)), axis=0)
 
 
+def _cell(kind, acts, p, x_proj, h, c, rb, _clip, linear_before_reset, input_forget):
+    """One step of one direction: the new hidden (and cell) state. ``x_proj`` = X W^T + Wb."""
+    f, g = acts[0], acts[-1]
+    h_proj = h @ p["R"].T
+    if kind == "RNN":
+        return f(_clip(x_proj + h_proj + rb)), None
+    if kind == "GRU":
+        xz, xr, xh = jnp.split(x_proj, 3, axis=-1)
+        hz, hr, hh = jnp.split(h_proj, 3, axis=-1)
+        rbz, rbr, rbh = jnp.split(rb, 3, axis=-1)
+        z = f(_clip(xz + hz + rbz))
+        r = f(_clip(xr + hr + rbr))
+        if linear_before_reset:
+            cand = g(_clip(xh + r * (hh + rbh)))
+        else:
+            rh = jnp.split(p["R"], 3, axis=0)[2]
+            cand = g(_clip(xh + (r * h) @ rh.T + rbh))
+        return (1 - z) * cand + z * h, None
+    hfn = acts[2]
+    xi, xo, xf, xc = jnp.split(x_proj + h_proj + rb, 4, axis=-1)
+    pi, po, pf = p["P"]
+    i = f(_clip(xi + pi * c))
+    fg = 1 - i if input_forget else f(_clip(xf + pf * c))
+    c_new = fg * c + i * g(_clip(xc))
+    o = f(_clip(xo + po * c_new))
+    return o * hfn(c_new), c_new
+
+
 @OPS.op("RNN", 7, 14, 22, params=("RNN", 1, ["Tanh"], 2))
 @OPS.op("GRU", 7, 14, 22, params=("GRU", 3, ["Sigmoid", "Tanh"], 2))
 @OPS.op("LSTM", 7, 14, 22, params=("LSTM", 4, ["Sigmoid", "Tanh", "Tanh"], 3))
@@ -88,34 +116,8 @@ def _recurrent(ctx, kind: str, gates: int, defaults: list[str], outputs: int):
     input_forget = bool(ctx.attrs.get("input_forget", 0))
 
     def cell(d, p, x_proj, h, c, rb):
-        """One step of direction ``d``: the new hidden (and cell) state. ``x_proj`` = X W^T + Wb."""
-        f, g = acts[d][0], acts[d][-1]
-        h_proj = h @ p["R"].T
-        if kind == "RNN":
-            return f(_clip(x_proj + h_proj + rb)), None
-        if kind == "GRU":
-            xz, xr, xh = jnp.split(x_proj, 3, axis=-1)
-            hz, hr, hh = jnp.split(h_proj, 3, axis=-1)
-            rbz, rbr, rbh = jnp.split(rb, 3, axis=-1)
-            z = f(_clip(xz + hz + rbz))
-            r = f(_clip(xr + hr + rbr))
-            if linear_before_reset:
-                cand = g(_clip(xh + r * (hh + rbh)))
-            else:
-                rh = jnp.split(p["R"], 3, axis=0)[2]
-                cand = g(_clip(xh + (r * h) @ rh.T + rbh))
-            return (1 - z) * cand + z * h, None
-        hfn = acts[d][2]
-        xi, xo, xf, xc = jnp.split(x_proj + h_proj + rb, 4, axis=-1)
-        pi, po, pf = p["P"]
-        i = f(_clip(xi + pi * c))
-        fg = 1 - i if input_forget else f(_clip(xf + pf * c))
-        c_new = fg * c + i * g(_clip(xc))
-        o = f(_clip(xo + po * c_new))
-        return o * hfn(c_new), c_new
-
-    def _clip(v):
-        return v if clip is None else jnp.clip(v, -clip, clip)
+        return _cell(kind, acts[d], p, x_proj, h, c, rb, lambda v: v if clip is None else jnp.clip(v, -clip, clip),
+                     linear_before_reset, input_forget)
 
     def recurrent(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, peepholes=None):
         if jnp.ndim(x) != 3:
