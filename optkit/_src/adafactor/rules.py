@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec
 
 from optkit._src import trees
 
-__all__ = ["ROLES", "HEURISTIC", "Plan", "Rules", "plan_of", "t5x_standard_logical_factor_rules"]
+__all__ = ["ROLES", "HEURISTIC", "Plan", "Rules", "plan_of", "heuristic_plan", "t5x_standard_logical_factor_rules"]
 
 ROLES = ("row", "column", "batch", "none")
 HEURISTIC = "heuristic"
@@ -113,16 +113,26 @@ def _check_bool(value: Any, where: str) -> bool:
 
 
 class Plan(NamedTuple):
-    """How one parameter is laid out for the step: batch axes first, then whole axes, then rows, then columns.
+    """How one parameter is factored and laid out for the step: the one description of a leaf's factoring.
+
+    Factor rules and the default heuristic (:func:`optkit.factored_axes`) both
+    give a Plan (:func:`plan_of`). A plan with one row axis, one column axis
+    and no batch axis runs on the parameter as it is, factored over
+    ``axes``; any other factored plan runs on the parameter transposed to
+    batch axes, whole axes, rows, columns (several row or column axes
+    flattened into one).
 
     Attributes:
       roles: the role of each axis of the parameter.
       param_shape: the parameter's shape.
-      perm: the parameter's axes in that order (``jnp.transpose``'s ``axes``).
-      shape: the step's shape: batch dims, whole dims, then (factored) the
-        product of the row dims and the product of the column dims.
+      perm: the parameter's axes in the step's order (``jnp.transpose``'s ``axes``).
+      shape: the step's shape.
       batch_ndim: how many leading axes of ``shape`` are batch axes.
       factored: whether there are row and column axes.
+      axes: the step's ``(row, col)`` axes, or None (a full second moment).
+      recorded: whether the statistics' node types record ``roles`` (a
+        factor rule's plan is part of the state's structure; the heuristic's
+        is read again from the parameter's shape).
     """
 
     roles: tuple[str, ...]
@@ -131,6 +141,22 @@ class Plan(NamedTuple):
     shape: tuple[int, ...]
     batch_ndim: int
     factored: bool
+    axes: tuple[int, int] | None
+    recorded: bool
+
+    @property
+    def in_place(self) -> bool:
+        """Whether the step runs on the parameter's own layout (no transposition or reshape)."""
+        return self.perm == tuple(range(len(self.perm))) and self.shape == self.param_shape
+
+    def axes_of(self, role: str) -> tuple[int, ...]:
+        """The parameter's axes that have ``role``."""
+        return tuple(i for i, r in enumerate(self.roles) if r == role)
+
+    def unfactored(self) -> Plan:
+        """The same parameter with a full second moment (its row and column axes kept whole)."""
+        roles = tuple("none" if r in ("row", "column") else r for r in self.roles)
+        return plan_of(roles, self.param_shape, "", recorded=self.recorded)
 
     def stat_perm(self, dropped: str) -> tuple[int, ...]:
         """The order of a statistic's axes (the parameter's without the ``dropped`` role's) for the step."""
@@ -142,13 +168,15 @@ class Plan(NamedTuple):
         return tuple(d for d, r in zip(self.param_shape, self.roles) if r != dropped)
 
     def stat_step_shape(self, dropped: str) -> tuple[int, ...]:
-        """A statistic's shape in the step: the step's shape without its last (column) or
-        second-to-last (row) axis."""
+        """A statistic's shape in the step: the step's shape without its column or row axis."""
         return self.shape[:-1] if dropped == "column" else self.shape[:-2] + self.shape[-1:]
 
 
-def plan_of(roles: tuple[str, ...], shape: tuple[int, ...], where: str) -> Plan:
-    """The step's layout for a parameter of ``shape`` whose axes have ``roles``.
+def plan_of(roles: tuple[str, ...], shape: tuple[int, ...], where: str, *, recorded: bool = True) -> Plan:
+    """The step's plan for a parameter of ``shape`` whose axes have ``roles``.
+
+    ``recorded`` (a factor rule's plan) makes the statistics' node types carry
+    ``roles``; the heuristic's plans (:func:`heuristic_plan`) are not recorded.
 
     Raises:
       ValueError: ``roles`` not of the parameter's rank, or row axes without
@@ -165,14 +193,25 @@ def plan_of(roles: tuple[str, ...], shape: tuple[int, ...], where: str) -> Plan:
                          f"{'column' if rows else 'row'} axes; give both, or neither (a full second moment)")
     batch = tuple(i for i, r in enumerate(roles) if r == "batch")
     whole = tuple(i for i, r in enumerate(roles) if r == "none")
-    if rows:
+    if rows and len(rows) == len(cols) == 1 and not batch:  # one matrix per leading index: no transposition
+        perm, step_shape, axes = tuple(range(len(shape))), shape, (rows[0], cols[0])
+    elif rows:
         perm = batch + whole + rows + cols
         step_shape = (tuple(shape[a] for a in batch + whole) + (int(np.prod([shape[a] for a in rows])),)
                       + (int(np.prod([shape[a] for a in cols])),))
+        axes = (len(step_shape) - 2, len(step_shape) - 1)
     else:
         perm = batch + tuple(i for i in range(len(shape)) if i not in batch)
-        step_shape = tuple(shape[a] for a in perm)
-    return Plan(tuple(roles), shape, perm, step_shape, len(batch), bool(rows))
+        step_shape, axes = tuple(shape[a] for a in perm), None
+    return Plan(tuple(roles), shape, perm, step_shape, len(batch), bool(rows), axes, recorded)
+
+
+def heuristic_plan(shape: tuple[int, ...], axes: tuple[int, int] | None) -> Plan:
+    """The plan of the default heuristic: ``axes`` from :func:`optkit.factored_axes` (row, column) or None."""
+    roles = ["none"] * len(shape)
+    if axes is not None:
+        roles[axes[0]], roles[axes[1]] = "row", "column"
+    return plan_of(tuple(roles), shape, "", recorded=False)
 
 
 class Rules:

@@ -111,16 +111,13 @@ def with_roles(node_type: type, roles: tuple[str, ...]) -> type:
                                                    "__doc__": node_type.__doc__})
 
 
-Layout = Plan | tuple[int, int] | None
-
-
-def init_second_moments(params: Any, layout_of: Callable[[str, tuple[int, ...], Any], Layout],
+def init_second_moments(params: Any, plan_of_leaf: Callable[[str, tuple[int, ...], Any], Plan],
                         nu_dtype: Any) -> Any:
     """Zero statistics for every leaf of ``params``.
 
-    ``layout_of(path, shape, box)`` says how: a :class:`Plan` (a factor rule),
-    ``(row, col)`` axes, or None (a full second moment); ``box`` is the
-    parameter's Flax box (for its metadata) or None.
+    ``plan_of_leaf(path, shape, box)`` says how the leaf is factored (a
+    :class:`~optkit._src.adafactor.rules.Plan`); ``box`` is the parameter's Flax
+    box (for its metadata) or None. A recorded plan's roles go into the nodes' types.
     """
 
     def leaf(path, p):
@@ -128,24 +125,15 @@ def init_second_moments(params: Any, layout_of: Callable[[str, tuple[int, ...], 
         p = sharding.unbox(p)
         p = p if isinstance(p, jax.ShapeDtypeStruct) else jnp.asarray(p)
         dtype = nu_dtype or p.dtype
-        axes = layout_of(trees.keystr(path, "/"), tuple(p.shape), box)
-        if isinstance(axes, Plan):
-            plan = axes
-            if not plan.factored:
-                return with_roles(FullSecondMoment, plan.roles)(
-                    sharding.rebox(box, sharding.full_like(p, 0, dtype)))
-            rows = tuple(i for i, r in enumerate(plan.roles) if r == "row")
-            cols = tuple(i for i, r in enumerate(plan.roles) if r == "column")
-            return with_roles(FactoredSecondMoment, plan.roles)(
-                v_row=sharding.rebox(box, sharding.zeros_without_axis(p, cols, dtype), drop_axis=cols),
-                v_col=sharding.rebox(box, sharding.zeros_without_axis(p, rows, dtype), drop_axis=rows),
-            )
-        if axes is None:
-            return FullSecondMoment(sharding.rebox(box, sharding.full_like(p, 0, dtype)))
-        row, col = axes
-        return FactoredSecondMoment(
-            v_row=sharding.rebox(box, sharding.zeros_without_axis(p, col, dtype), drop_axis=col),
-            v_col=sharding.rebox(box, sharding.zeros_without_axis(p, row, dtype), drop_axis=row),
+        plan = plan_of_leaf(trees.keystr(path, "/"), tuple(p.shape), box)
+        full, factored = ((with_roles(FullSecondMoment, plan.roles), with_roles(FactoredSecondMoment, plan.roles))
+                          if plan.recorded else (FullSecondMoment, FactoredSecondMoment))
+        if not plan.factored:
+            return full(sharding.rebox(box, sharding.full_like(p, 0, dtype)))
+        rows, cols = plan.axes_of("row"), plan.axes_of("column")
+        return factored(
+            v_row=sharding.rebox(box, sharding.zeros_without_axis(p, cols, dtype), drop_axis=cols),
+            v_col=sharding.rebox(box, sharding.zeros_without_axis(p, rows, dtype), drop_axis=rows),
         )
 
     return jax.tree_util.tree_map_with_path(leaf, params, is_leaf=sharding.is_box)

@@ -17,9 +17,9 @@ from jax.typing import DTypeLike
 
 from optkit._src import flat, hyperparams, sharding, trees
 from optkit._src.adafactor import fast
-from optkit._src.adafactor.factoring import check_factoring, concrete_min_dim_size, factored_axes, without
+from optkit._src.adafactor.factoring import check_factoring, concrete_min_dim_size, factored_axes
 from optkit._src.adafactor.reading import read_second_moments
-from optkit._src.adafactor.rules import HEURISTIC, Plan, Rules, metadata_names, plan_of
+from optkit._src.adafactor.rules import HEURISTIC, Plan, Rules, heuristic_plan, metadata_names, plan_of
 from optkit._src.adafactor.state import (
     FactoredSecondMoment,
     FullSecondMoment,
@@ -85,26 +85,24 @@ class _Adafactor:
         self.guard = not is_concrete_positive(options.eps1)
         self.t5x_factoring, self.decay_by_alpha, self.step_offset = t5x_factoring, decay_by_alpha, step_offset
 
-    def _heuristic(self, path: str, shape: tuple[int, ...], min_dim: int | None):
+    def _heuristic(self, path: str, shape: tuple[int, ...], min_dim: int | None) -> Plan:
         if self.t5x_factoring and len(shape) > 2:
             raise ValueError(f"{self.name}: the parameter {path!r} of shape {shape} has rank > 2 and needs a "
                              f"factor rule (factor_map, or logical_factor_rules with its axes' names)")
         if min_dim is None:  # at update: the statistics' shapes say whether init factored it
-            return factored_axes(shape, factored=True, factored_dims=self.factored_dims)
-        return factored_axes(shape, factored=self.factored, factored_dims=self.factored_dims,
-                             min_dim_size_to_factor=min_dim)
+            return heuristic_plan(shape, factored_axes(shape, factored=True, factored_dims=self.factored_dims))
+        return heuristic_plan(shape, factored_axes(shape, factored=self.factored, factored_dims=self.factored_dims,
+                                                   min_dim_size_to_factor=min_dim))
 
-    def layout(self, path: str, shape: tuple[int, ...], names=None, min_dim: int | None = None):
-        """How the parameter at ``path`` is factored: a :class:`Plan`, ``(row, col)`` axes or None (full)."""
-        if not self.rules.any or (self.t5x_factoring and not self.factored):
-            return self._heuristic(path, shape, min_dim) if self.factored or not self.t5x_factoring else None
-        rule = self.rules.roles(path, len(shape), names)
+    def plan(self, path: str, shape: tuple[int, ...], names=None, min_dim: int | None = None) -> Plan:
+        """How the parameter at ``path`` is factored (``min_dim`` None: at update, before the statistics say)."""
+        if self.t5x_factoring and not self.factored:
+            return heuristic_plan(shape, None)
+        rule = self.rules.roles(path, len(shape), names) if self.rules.any else HEURISTIC
         if rule is None:
-            return None
-        if rule == HEURISTIC:
-            return self._heuristic(path, shape, min_dim)
-        if self.t5x_factoring and len(shape) <= 2 and "batch" not in rule:
-            return self._heuristic(path, shape, min_dim)  # T5X's fall-back (it logs a warning)
+            return heuristic_plan(shape, None)
+        if rule == HEURISTIC or (self.t5x_factoring and len(shape) <= 2 and "batch" not in rule):
+            return self._heuristic(path, shape, min_dim)  # (T5X falls back to it for rank <= 2 and logs a warning)
         if not self.factored:
             rule = tuple("none" if r in ("row", "column") else r for r in rule)
         return plan_of(rule, shape, f"{self.name}: {path!r}")
@@ -114,19 +112,16 @@ class _Adafactor:
         trees.check_floating(params, "params")
         min_dim = concrete_min_dim_size(self.min_dim)
         return init_second_moments(
-            params, lambda path, shape, box: self.layout(path, shape, metadata_names(box), min_dim), self.nu_dtype)
+            params, lambda path, shape, box: self.plan(path, shape, metadata_names(box), min_dim), self.nu_dtype)
 
-    def _layout_at_update(self, path: str, shape: tuple[int, ...], node):
+    def _plan_at_update(self, path: str, shape: tuple[int, ...], node) -> Plan:
         roles = type(node).roles
-        if roles is not None:
-            return plan_of(roles, shape, f"{self.name}: {path!r}")
-        return self.layout(path, shape)
+        plan = plan_of(roles, shape, f"{self.name}: {path!r}") if roles is not None else self.plan(path, shape)
+        return plan if plan.factored == isinstance(node, FactoredSecondMoment) else plan.unfactored()
 
     def _expected(self, path: str, shape: tuple[int, ...], node):
-        layout = self._layout_at_update(path, shape, node)
-        if isinstance(layout, Plan):
-            return (layout.stat_shape("column"), layout.stat_shape("row")) if layout.factored else None
-        return None if layout is None else (without(shape, layout[1]), without(shape, layout[0]))
+        plan = self._plan_at_update(path, shape, node)
+        return (plan.stat_shape("column"), plan.stat_shape("row")) if plan.factored else None
 
     def init_state(self, params, *, with_mu: bool) -> ScaleByAdafactorState:
         """A fresh :class:`ScaleByAdafactorState`: count 0, zero statistics, a zero first moment if ``with_mu``."""
@@ -172,28 +167,16 @@ class _Adafactor:
             # with float32; every result is stored back in its own dtype.
             dtype = compute_dtype(g.dtype, *(leaf.dtype for leaf in node), None if x is None else x.dtype,
                                   None if m is None else m.dtype)
-            layout = self._layout_at_update(path, g.shape, node)
-            plan = layout if isinstance(layout, Plan) and layout.factored == isinstance(
-                node, FactoredSecondMoment) else None
-            axes, split = None, False
-            if plan is not None:
-                g_, x_, m_, node_ = (None if a is None else _to_step(a, plan) for a in (g, x, m, node))
-                axes = (len(plan.shape) - 2, len(plan.shape) - 1) if plan.factored else None
-            else:
-                g_, x_, m_, node_ = g, x, m, node
-                if isinstance(node, FactoredSecondMoment):
-                    axes = factored_axes(g.shape, factored=True, factored_dims=self.factored_dims)
-            if axes is not None:
-                split = any(sharding.may_be_split(a) for a in (g, *node))
+            plan = self._plan_at_update(path, g.shape, node)
+            g_, x_, m_, node_ = (None if a is None else _to_step(a, plan) for a in (g, x, m, node))
+            split = plan.factored and any(sharding.may_be_split(a) for a in (g, *node))
             b2, lr = scalars(dtype)
             update, nu_leaf, m_new = fast.leaf_step(
-                g_, x_, node_, m_, axes=axes, b2=b2, lr=lr, options=options,
+                g_, x_, node_, m_, axes=plan.axes, b2=b2, lr=lr, options=options,
                 multiply_by_parameter_scale=self.rules.multiply_by_parameter_scale(path), guard=self.guard,
-                dtype=dtype, split=split, batch_ndim=0 if plan is None else plan.batch_ndim,
+                dtype=dtype, split=split, batch_ndim=plan.batch_ndim,
                 decay_by_alpha=self.decay_by_alpha)
-            if plan is not None:
-                update, m_new = (None if a is None else _from_step(a, plan) for a in (update, m_new))
-                nu_leaf = _from_step(nu_leaf, plan)
+            update, m_new, nu_leaf = (None if a is None else _from_step(a, plan) for a in (update, m_new, nu_leaf))
             nu_leaf = type(node)(*(a.astype(b.dtype) for a, b in zip(nu_leaf, node)))
             new_updates.append(update.astype(g.dtype if x is None else x.dtype))
             new_nu.append(nu_leaf)
@@ -205,6 +188,8 @@ class _Adafactor:
 
 def _to_step(a, plan: Plan):
     """A parameter-shaped array, or a statistics node, in the step's layout (batch, whole, rows, columns)."""
+    if plan.in_place:
+        return a
     if isinstance(a, FactoredSecondMoment):
         return FactoredSecondMoment(
             jnp.transpose(a.v_row, plan.stat_perm("column")).reshape(plan.stat_step_shape("column")),
@@ -216,6 +201,9 @@ def _to_step(a, plan: Plan):
 
 def _from_step(a, plan: Plan):
     """The inverse of :func:`_to_step`."""
+    if plan.in_place:
+        return a
+
     def back(x, dropped):
         kept = [axis for axis in plan.perm if plan.roles[axis] != dropped]
         x = x.reshape(tuple(plan.param_shape[axis] for axis in kept))
