@@ -28,15 +28,15 @@ from optkit._src.numerics import guarded_ratio, is_concrete_zero
 __all__ = ["ScaleByOnnxAdagradState", "OnnxAdagradOutputs", "onnx_adagrad", "scale_by_onnx_adagrad", "adagrad"]
 
 
-def adagrad_leaf(x, g, h, *, r, descend, epsilon, norm_coefficient):
+def adagrad_leaf(x, g, h, *, r, scale, eps, norm_coefficient):
     """SPEC 1 for one tensor: ``(X_new - X, H_new)``, with ``r`` the step's scalar (see elementwise).
 
-    Where ``G_reg`` and ``H_new`` are both 0 the update is 0 (SPEC 1, Decision (0/0)).
+    Where ``G_reg`` and ``H_new`` are both 0 the update is 0 (:func:`~optkit._src.numerics.guarded_ratio`).
     """
     if norm_coefficient is not None:
         g = norm_coefficient * x + g                                        # G_reg
     h = h + g * g                                                           # H_new
-    return descend(r * guarded_ratio(g, jnp.sqrt(h), epsilon)), h          # - r G_reg / (sqrt(H_new) + eps)
+    return r * guarded_ratio(g, jnp.sqrt(h), eps) * scale, h
 
 
 def _decay(T: jax.Array, decay_factor: ArrayLike, dtype: Any) -> jax.Array:
@@ -70,14 +70,8 @@ def onnx_adagrad(
 ) -> OnnxAdagradOutputs:
     """ONNX ``ai.onnx.preview.training::Adagrad`` (version 1), several tensors at once.
 
-    Computes, for every tensor (SPEC.md section 1)::
-
-        r     = R / (1 + T * decay_factor)
-        G_reg = norm_coefficient * X + G
-        H_new = H + G_reg * G_reg
-        X_new = X - r * G_reg / (sqrt(H_new) + epsilon)
-
-    With ``epsilon = 0``, a coordinate whose ``G_reg`` and ``H_new`` are both 0
+    Computes SPEC.md section 1 (the formula: this module's docstring, the
+    Adagrad docs page) for every tensor. With ``epsilon = 0``, a coordinate whose ``G_reg`` and ``H_new`` are both 0
     keeps its value (SPEC 1, Decision (0/0)).
 
     Args:
@@ -112,7 +106,7 @@ def onnx_adagrad(
     trees.check_tensors("X", X, G=G, H=H)
     return OnnxAdagradOutputs(*elementwise.spec_operator(
         adagrad_leaf, X, G, [H], scalars=lambda dtype: {"r": R.astype(dtype) * _decay(T, decay_factor, dtype)},
-        epsilon=epsilon, norm_coefficient=elementwise.coefficient(norm_coefficient)))
+        eps=epsilon, norm_coefficient=elementwise.coefficient(norm_coefficient)))
 
 
 class ScaleByOnnxAdagradState(NamedTuple):
@@ -139,7 +133,7 @@ def _transformation(name, learning_rate, decay_factor, norm_coefficient, eps, in
     return elementwise.transformation(
         name, adagrad_leaf, ScaleByOnnxAdagradState, moments=[(initial_accumulator_value, accumulator_dtype)],
         scalars=lambda count, dtype: {"r": _decay(count, decay_factor, dtype) if use_decay else 1.0},
-        learning_rate=learning_rate, coefficients={"norm_coefficient": norm_coefficient}, epsilon=eps)
+        learning_rate=learning_rate, coefficients={"norm_coefficient": norm_coefficient}, eps=eps)
 
 
 def scale_by_onnx_adagrad(
@@ -152,16 +146,11 @@ def scale_by_onnx_adagrad(
 ) -> optax.GradientTransformation:
     """ONNX Adagrad's direction, before the learning rate (SPEC.md section 1).
 
-    For each parameter ``X`` with gradient ``G`` and accumulator ``H``, with
-    ``T`` the number of updates already made (``state.count``)::
-
-        G_reg = norm_coefficient * X + G
-        H_new = H + G_reg * G_reg
-        update = G_reg / (sqrt(H_new) + eps) / (1 + T * decay_factor)
-
-    Chained with ``optax.scale_by_learning_rate(R)`` the update is ONNX's
-    ``X_new - X``. With ``eps = 0`` a coordinate where ``G_reg`` and ``H_new``
-    are both 0 gets update 0 (SPEC 1, Decision (0/0)).
+    SPEC 1's step for each parameter before the learning rate, with ``T =
+    state.count`` (the updates already made); chained with
+    ``optax.scale_by_learning_rate(R)`` the update is ONNX's ``X_new - X``.
+    With ``eps = 0`` a coordinate where ``G_reg`` and ``H_new`` are both 0
+    gets update 0 (SPEC 1, Decision (0/0)).
 
     Args:
       decay_factor: ONNX ``decay_factor``: the learning rate is divided by
@@ -215,14 +204,9 @@ def adagrad(
 ) -> optax.GradientTransformation:
     """Adagrad exactly as ONNX ``ai.onnx.preview.training::Adagrad`` (version 1) defines it.
 
-    ``optax.apply_updates(X, updates)`` gives ONNX's ``X_new`` (SPEC.md section 1)::
-
-        r     = R / (1 + T * decay_factor)
-        G_reg = norm_coefficient * X + G
-        H_new = H + G_reg * G_reg
-        X_new = X - r * G_reg / (sqrt(H_new) + epsilon)
-
-    with ``T`` the number of updates already made (0 at the first update).
+    ``optax.apply_updates(X, updates)`` gives ONNX's ``X_new`` (SPEC.md section 1,
+    the formula in this module's docstring and on the Adagrad docs page), with
+    ``R = learning_rate`` and ``T = state.count``, the updates already made.
 
     How it differs from its neighbours: ``optax.adagrad`` divides by
     ``sqrt(H + eps)`` (eps inside the root), starts ``H`` at 0.1 and has no

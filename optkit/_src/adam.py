@@ -40,18 +40,18 @@ __all__ = [
 ]
 
 
-def adam_leaf(x, g, m, v, *, r, descend, b1, b2, eps, norm_coefficient, norm_coefficient_post=None):
+def adam_leaf(x, g, m, v, *, r, scale, b1, b2, eps, norm_coefficient, norm_coefficient_post=None):
     """SPEC 2 and 3 for one tensor: ``(X_new - X, M, V)``, with ``r`` the step's scalar (see elementwise).
 
     ``M`` is the first moment (DirectML's M, ONNX Adam's V), ``V`` the second
     (DirectML's V, ONNX Adam's H). Where ``M`` and ``V`` are both 0 the step is
-    0 (SPEC 1, Decision (0/0)).
+    0 (:func:`~optkit._src.numerics.guarded_ratio`).
     """
     if norm_coefficient is not None:
         g = norm_coefficient * x + g                                        # G_reg
     m = b1 * m + (1 - b1) * g                                               # M
     v = b2 * v + (1 - b2) * g * g                                           # V
-    update = descend(r * guarded_ratio(m, jnp.sqrt(v), eps))                # - LearningRate Alpha M / (sqrt(V) + eps)
+    update = r * guarded_ratio(m, jnp.sqrt(v), eps) * scale
     if norm_coefficient_post is not None:
         c = jnp.asarray(norm_coefficient_post, update.dtype)
         update = (1 - c) * update - c * x                                   # X_new = (1 - c) (X + update)
@@ -107,14 +107,9 @@ def dml_adam(
 ) -> DmlAdamOutputs:
     """DirectML ``DML_ADAM_OPTIMIZER_OPERATOR_DESC`` (feature level 3_0), over pytrees.
 
-    Computes (SPEC.md section 2; the "epsilon-hat" Adam of Kingma & Ba, end of
-    their section 2)::
-
-        M     = Beta1 * M + (1 - Beta1) * G
-        V     = Beta2 * V + (1 - Beta2) * G * G
-        Alpha = sqrt(1 - Beta2^T) / (1 - Beta1^T)
-        X     = X - LearningRate * Alpha * M / (sqrt(V) + Epsilon)
-
+    Computes SPEC.md section 2 (the formula: this module's docstring without
+    ONNX's coefficients, with ``b1 = beta1``, ``b2 = beta2``, ``eps = epsilon``;
+    the "epsilon-hat" Adam of Kingma & Ba, end of their section 2).
     The operator does not advance ``T``; the caller does. At ``T = 0`` the
     formula's Alpha is 0/0; optkit uses Alpha = 1 there (SPEC 2, Decision (T)).
     DirectML allows outputs to alias inputs; in JAX, donate ``X``, ``M``, ``V``
@@ -171,13 +166,9 @@ def onnx_adam(
 ) -> OnnxAdamOutputs:
     """ONNX ``ai.onnx.preview.training::Adam`` (version 1), several tensors at once.
 
-    Computes, for every tensor (SPEC.md section 3)::
-
-        G_reg = norm_coefficient * X + G
-        V_new = alpha * V + (1 - alpha) * G_reg
-        H_new = beta * H + (1 - beta) * G_reg * G_reg
-        r_adj = R * sqrt(1 - beta^T) / (1 - alpha^T)   if T > 0   else R
-        X_new = (1 - norm_coefficient_post) * (X - r_adj * V_new / (sqrt(H_new) + epsilon))
+    Computes SPEC.md section 3 (the formula: this module's docstring, with
+    ``M = V``, ``V = H``, ``b1 = alpha``, ``b2 = beta``; the Adam docs page)
+    for every tensor; ``T = 0`` skips the bias correction.
 
     Args:
       R: the learning rate, a float scalar, >= 0.
@@ -261,15 +252,9 @@ def scale_by_dml_adam(
 ) -> optax.GradientTransformation:
     """The epsilon-hat Adam direction of DirectML and ONNX, before the learning rate.
 
-    With ``T = count + 1`` (SPEC 2, Decision (T)) and, per parameter::
-
-        G_reg  = norm_coefficient * X + G                  # ONNX Adam; G when None
-        M      = b1 * M + (1 - b1) * G_reg
-        V      = b2 * V + (1 - b2) * G_reg * G_reg
-        Alpha  = sqrt(1 - b2^T) / (1 - b1^T)
-        update = Alpha * M / (sqrt(V) + eps)
-
-    Chained with ``optax.scale_by_learning_rate(LearningRate)`` the update is
+    SPEC 2's step for each parameter without ``LearningRate``, with ``T =
+    count + 1`` (SPEC 2, Decision (T)): ``update = Alpha * M / (sqrt(V) + eps)``
+    (the formula: this module's docstring). Chained with ``optax.scale_by_learning_rate(LearningRate)`` the update is
     DirectML's ``X - X_old``. Unlike ``optax.scale_by_adam``, ``eps`` is added to ``sqrt(V)`` of the
     *uncorrected* second moment ("epsilon-hat", Kingma & Ba 2015, end of
     section 2). With ``eps = 0`` a coordinate whose ``M`` and ``V`` are both 0
@@ -322,14 +307,9 @@ def adam(
 ) -> optax.GradientTransformation:
     """Adam exactly as DirectML's ``DML_ADAM_OPTIMIZER_OPERATOR_DESC`` (the epsilon-hat form).
 
-    ``optax.apply_updates(X, updates)`` gives (SPEC.md sections 2 and 3), with
-    ``T = count + 1``::
-
-        G_reg = norm_coefficient * X + G
-        M     = b1 * M + (1 - b1) * G_reg
-        V     = b2 * V + (1 - b2) * G_reg * G_reg
-        Alpha = sqrt(1 - b2^T) / (1 - b1^T)
-        X_new = (1 - norm_coefficient_post) * (X - learning_rate * Alpha * M / (sqrt(V) + eps))
+    ``optax.apply_updates(X, updates)`` gives DirectML's ``X`` (SPEC.md sections
+    2 and 3, the formula in this module's docstring and on the Adam docs
+    page), with ``LearningRate = learning_rate`` and ``T = count + 1``.
 
     With both norm coefficients 0 (the default) this is DirectML's Adam, also
     TensorFlow 1's ``AdamOptimizer`` and Keras 3's ``Adam``; with them it is

@@ -11,18 +11,20 @@ two forms optkit offers:
   the step ``count`` and one moment tree per state field, sharded like the
   parameters (:mod:`optkit._src.sharding`).
 
-The formula's contract. ``leaf(x, g, *moments, r=..., descend=..., **hyperparameters)``
+The formula's contract. ``leaf(x, g, *moments, r=..., scale=..., eps=..., **hyperparameters)``
 gets every tensor in the leaf's compute dtype (at least float32,
 :func:`~optkit._src.numerics.compute_dtype`) and returns ``(update,
-*new_moments)`` with ``update = X_new - X``. ``r`` is the spec's step scalar
-and ``descend(step)`` the move that a step of ``step`` makes, ``X_new - X``:
-the spec operators fold the spec's learning rate into ``r`` (as ONNX's ``r``
-and ``r_adj`` do) and descend by ``-step``; a transformation passes its step
-scalar without the learning rate and descends by ``-learning_rate * step``
-(the learning rate's value at ``count``, for a schedule), or by ``+step`` for
-the ``scale_by_*`` direction that ``optax.scale_by_learning_rate`` will scale.
-``x`` is None when no term needs the parameters; a coefficient that is off
-(None, or known to be 0) reaches the formula as None.
+*new_moments)`` with ``update = X_new - X = r * step * scale``, ``step`` being
+the formula's direction (``G_reg / (sqrt(H_new) + eps)`` for Adagrad). ``r``
+is the spec's step scalar and ``scale`` a scalar in the compute dtype: the
+spec operators fold the spec's learning rate into ``r`` (as ONNX's ``r`` and
+``r_adj`` do), negated, and pass ``scale = +1``; a transformation passes ``r`` without
+the learning rate and ``scale = -learning_rate`` (its value at ``count``, for
+a schedule), or ``scale = +1`` for the ``scale_by_*`` direction that
+``optax.scale_by_learning_rate`` will scale. Negating ``r`` and multiplying
+by ``+1`` are exact, so the forms round as the formula does. ``x`` is None when no term needs
+the parameters; a coefficient that is off (None, or known to be 0) reaches
+the formula as None; a formula with an epsilon calls it ``eps``.
 """
 
 from __future__ import annotations
@@ -50,21 +52,14 @@ def coefficient(value: Any) -> Any:
     return None if value is None or is_concrete_zero(value) else value
 
 
-def _negative(step: jax.Array) -> jax.Array:
-    return -step
-
-
-def _descent(learning_rate: Any, dtype: np.dtype) -> Callable[[jax.Array], jax.Array]:
-    """``step -> -learning_rate * step`` in ``dtype``; the identity for None (the direction)."""
-    if learning_rate is None:
-        return lambda step: step
-    negative_rate = -jnp.asarray(learning_rate, dtype)
-    return lambda step: step * negative_rate
+def _scale(learning_rate: Any, dtype: np.dtype) -> jax.Array:
+    """A transformation's ``scale``: ``-learning_rate`` in ``dtype``, or ``+1`` for None (the direction)."""
+    return jnp.ones([], dtype) if learning_rate is None else -jnp.asarray(learning_rate, dtype)
 
 
 def spec_operator(leaf: Leaf, X: Any, G: Any, moments: Sequence[Any], *, scalars: Scalars,
                   **hyperparameters: Any) -> tuple[Any, ...]:
-    """``(X_new, *new_moments)`` of a spec operator over trees shaped like ``X``; descends by ``-step``.
+    """``(X_new, *new_moments)`` of a spec operator over trees shaped like ``X`` (``r`` negated).
 
     Args:
       leaf: the per-leaf formula (see the module docstring).
@@ -78,13 +73,17 @@ def spec_operator(leaf: Leaf, X: Any, G: Any, moments: Sequence[Any], *, scalars
       A tuple of trees with ``X``'s structure: ``X_new``, then the new moments,
       every leaf in its input's dtype.
     """
-    scalars = per_dtype(scalars)
+    def descending(dtype):  # r negated (exact), scale +1
+        step = dict(scalars(dtype))
+        return {**step, "r": -step["r"], "scale": jnp.ones([], dtype)}
+
+    step_scalars = per_dtype(descending)
 
     def per_leaf(x, g, *ms):
         dtype = compute_dtype(x.dtype, g.dtype, *(m.dtype for m in ms))
         x_c = x.astype(dtype)
-        update, *new = leaf(x_c, g.astype(dtype), *(m.astype(dtype) for m in ms), descend=_negative,
-                            **scalars(dtype), **hyperparameters)
+        update, *new = leaf(x_c, g.astype(dtype), *(m.astype(dtype) for m in ms), **step_scalars(dtype),
+                            **hyperparameters)
         return ((x_c + update).astype(x.dtype), *(n.astype(m.dtype) for n, m in zip(new, ms)))
 
     return map_leaves(per_leaf, 1 + len(moments), X, G, *moments)
@@ -140,7 +139,7 @@ def transformation(
         trees.check_update_inputs(name, updates, {f"state.{f}": m for f, m in zip(fields, old)}, params,
                                   params_reason)
         rate = learning_rate(state.count) if callable(learning_rate) else learning_rate
-        step = per_dtype(lambda dtype: {**scalars(state.count, dtype), "descend": _descent(rate, dtype)})
+        step = per_dtype(lambda dtype: {**scalars(state.count, dtype), "scale": _scale(rate, dtype)})
 
         def per_leaf(g, *ms_and_x):
             *ms, x = ms_and_x

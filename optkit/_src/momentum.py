@@ -30,13 +30,13 @@ __all__ = ["ScaleByOnnxMomentumState", "OnnxMomentumOutputs", "onnx_momentum", "
 MODES = ("standard", "nesterov")  # ONNX Momentum's ``mode``: ``nesterov=False`` / ``True``
 
 
-def momentum_leaf(x, g, v, *, r, descend, alpha, beta_adj, nesterov, norm_coefficient):
+def momentum_leaf(x, g, v, *, r, scale, alpha, beta_adj, nesterov, norm_coefficient):
     """SPEC 4 for one tensor: ``(X_new - X, V_new)``, with ``r`` the step's scalar (see elementwise)."""
     if norm_coefficient is not None:
         g = norm_coefficient * x + g                                        # G_reg
     v = alpha * v + beta_adj * g                                            # V_new
     direction = g + alpha * v if nesterov else v                            # nesterov / standard
-    return descend(r * direction), v                                       # - R V_new or - R (G_reg + alpha V_new)
+    return r * direction * scale, v
 
 
 def _beta_adj(T: jax.Array, beta: ArrayLike, dtype: Any) -> jax.Array:
@@ -71,15 +71,8 @@ def onnx_momentum(
 ) -> OnnxMomentumOutputs:
     """ONNX ``ai.onnx.preview.training::Momentum`` (version 1), several tensors at once.
 
-    Computes, for every tensor (SPEC.md section 4)::
-
-        G_reg    = norm_coefficient * X + G
-        beta_adj = beta if T > 0 else 1
-        V_new    = alpha * V + beta_adj * G_reg
-        standard: X_new = X - R * V_new
-        nesterov: X_new = X - R * (G_reg + alpha * V_new)
-
-    All four attributes are required, as in the ONNX schema.
+    Computes SPEC.md section 4 (the formula: this module's docstring, the
+    Momentum docs page) for every tensor. All four attributes are required, as in the ONNX schema.
 
     Args:
       R: the learning rate, a float scalar, >= 0.
@@ -150,16 +143,10 @@ def scale_by_onnx_momentum(
 ) -> optax.GradientTransformation:
     """ONNX Momentum's direction, before the learning rate (SPEC.md section 4).
 
-    With ``T = count`` (0 at the first update)::
-
-        G_reg    = norm_coefficient * X + G
-        beta_adj = beta if T > 0 else 1
-        V_new    = alpha * V + beta_adj * G_reg
-        update   = V_new                       (standard)
-        update   = G_reg + alpha * V_new       (nesterov)
-
-    Chained with ``optax.scale_by_learning_rate(R)`` the update is ONNX's
-    ``X_new - X``.
+    SPEC 4's step for each parameter before the learning rate, with ``T =
+    state.count`` (0 at the first update): ``V_new`` (standard) or ``G_reg +
+    alpha * V_new`` (nesterov); chained with ``optax.scale_by_learning_rate(R)``
+    the update is ONNX's ``X_new - X``.
 
     Args:
       alpha: ONNX ``alpha``, the decay of the momentum, >= 0.
@@ -203,14 +190,9 @@ def momentum(
 ) -> optax.GradientTransformation:
     """Momentum exactly as ONNX ``ai.onnx.preview.training::Momentum`` (version 1) defines it.
 
-    ``optax.apply_updates(X, updates)`` gives (SPEC.md section 4), with ``T``
-    the number of updates already made::
-
-        G_reg    = norm_coefficient * X + G
-        beta_adj = beta if T > 0 else 1
-        V_new    = alpha * V + beta_adj * G_reg
-        standard: X_new = X - R * V_new
-        nesterov: X_new = X - R * (G_reg + alpha * V_new)
+    ``optax.apply_updates(X, updates)`` gives ONNX's ``X_new`` (SPEC.md section 4,
+    the formula in this module's docstring and on the Momentum docs page),
+    with ``R = learning_rate`` and ``T = state.count``, the updates already made.
 
     How it differs from its neighbours: with ``beta = 1`` and standard mode it
     is ``optax.sgd(R, momentum=alpha)`` and ``torch.optim.SGD(lr=R,
