@@ -67,3 +67,55 @@ def onnx_external(tensor, location, offset=None, length=None):
     tensor.ClearField("raw_data")
     tensor.ClearField("float_data")
     return tensor
+
+
+def run_in_child(code: str, *, timeout: float = 300, memory_gib: float | None = None) -> str:
+    """Run ``code`` (dedented) in a fresh Python from the repository root and return its stdout.
+
+    For inputs that might crash the process (hostile ONNX files, native code): a crash (a signal) or a
+    non-zero exit fails the calling test with the child's output. ``memory_gib`` caps the child's address
+    space (``RLIMIT_AS``), so an allocation a bound should have refused fails instead of swapping.
+    """
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    prelude = f"import sys; sys.path.insert(0, {root!r})\n"
+    if memory_gib is not None:
+        limit = int(memory_gib * 2**30)
+        prelude += f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))\n"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS"))}
+    result = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], cwd=root, env=env,
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, (f"the child exited with {result.returncode}"
+                                    f"{' (killed by a signal)' if result.returncode < 0 else ''}:\n"
+                                    f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+    return result.stdout
+
+
+def mlp_graph():
+    """A two-layer MLP's mean squared error ``O`` as an :class:`optkit.Graph` over inputs W1, b1, W2, b2,
+    X, L (nodes Gemm1, Tanh, Gemm2, Loss), with a Gradient node giving ``dO/dW1 ... dO/db2``."""
+    import optkit
+
+    g = optkit.Graph(inputs=["W1", "b1", "W2", "b2", "X", "L"])
+    g.add(lambda x, w, b: x @ w + b, ["X", "W1", "b1"], ["A"], name="Gemm1")
+    g.add(jnp.tanh, ["A"], ["H"], name="Tanh")
+    g.add(lambda h, w, b: h @ w + b, ["H", "W2", "b2"], ["Y"], name="Gemm2")
+    g.add(lambda y, l: jnp.mean((y - l) ** 2), ["Y", "L"], ["O"], name="Loss")
+    g.add_gradient(xs=["W1", "b1", "W2", "b2"], zs=["X", "L"], y="O")
+    return g
+
+
+def sin_derivatives_graph():
+    """``sin(x)`` and its first three derivatives ``d1``, ``d2``, ``d3`` by three nested Gradient nodes."""
+    import optkit
+
+    g = optkit.Graph(inputs=["x"])
+    g.add(jnp.sin, ["x"], ["y"])
+    g.add_gradient(xs=["x"], y="y", outputs=["d1"])
+    g.add_gradient(xs=["x"], y="d1", outputs=["d2"])
+    g.add_gradient(xs=["x"], y="d2", outputs=["d3"])
+    return g

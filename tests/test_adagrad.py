@@ -13,16 +13,14 @@ import optkit
 from tests import oracles
 from tests.trajectories import (
     ADAGRAD_CONFIGS,
-    SHAPES_OPS,
-    STEPS,
     _assert_close,
     _random_tensors,
     _run_optkit,
     _run_oracle,
-    _with_dtype,
+    check_spec_operator,
+    check_trajectory,
 )
-
-SHAPES = SHAPES_OPS
+from tests.trajectories import SHAPES_OPS as SHAPES
 
 
 class AdagradTest(chex.TestCase):
@@ -30,21 +28,16 @@ class AdagradTest(chex.TestCase):
     @parameterized.product(config=ADAGRAD_CONFIGS, dtype=[np.float32, np.float64])
     def test_adagrad(self, config, dtype):
         lr = 0.1
-        eps = config.get("eps", 1e-6)
         h0 = config.get("initial_accumulator_value", 0.0)
 
-        def leaf(x, g, h, t):
-            return oracles.adagrad(
-                lr, t, x, g, h, decay_factor=config.get("decay_factor", 0.0), epsilon=eps,
-                norm_coefficient=config.get("norm_coefficient", 0.0),
-            )
+        def leaf(x, g, moments, t):
+            x, h = oracles.adagrad(lr, t, x, g, moments[0], decay_factor=config.get("decay_factor", 0.0),
+                                   epsilon=config.get("eps", 1e-6),
+                                   norm_coefficient=config.get("norm_coefficient", 0.0))
+            return x, (h,)
 
-        want, want_state = _run_oracle(leaf, lambda p: np.full_like(p, h0))
-        got, state = _with_dtype(dtype, lambda: _run_optkit(optkit.adagrad(lr, **config), dtype, self.variant))
-        _assert_close(got, want, dtype)
-        _assert_close(state[0].sum_of_squares, want_state, dtype)
-        assert int(state[0].count) == STEPS
-        assert all(v.dtype == dtype for v in jax.tree.leaves(got))
+        check_trajectory(lambda: optkit.adagrad(lr, **config), leaf, lambda p: (np.full_like(p, h0),),
+                         ["sum_of_squares"], dtype, self.variant)
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_schedule_learning_rate(self):
@@ -71,14 +64,9 @@ class AdagradTest(chex.TestCase):
         X, G = _random_tensors(rng, SHAPES, np.float64), _random_tensors(rng, SHAPES, np.float64)
         H = _random_tensors(rng, SHAPES, np.float64, positive=True)
         attrs = dict(decay_factor=0.3, epsilon=1e-5, norm_coefficient=0.02)
-        with jax.enable_x64(True):
-            fn = self.variant(lambda R, T, X, G, H: optkit.ops.onnx_adagrad(R, T, X, G, H, **attrs))
-            X_new, H_new = fn(np.float64(0.05), np.int64(T), X, G, H)
-        for i in range(len(SHAPES)):
-            want_x, want_h = oracles.adagrad(0.05, T, X[i], G[i], H[i], **attrs)
-            np.testing.assert_allclose(X_new[i], want_x, rtol=1e-13, atol=1e-14)
-            np.testing.assert_allclose(H_new[i], want_h, rtol=1e-13, atol=1e-14)
-            assert X_new[i].dtype == np.float64 and X_new[i].shape == SHAPES[i]
+        check_spec_operator(self.variant, lambda R, T, X, G, H: optkit.ops.onnx_adagrad(R, T, X, G, H, **attrs),
+                            lambda R, T, x, g, h: oracles.adagrad(float(R), int(T), x, g, h, **attrs),
+                            [X, G, H], (np.float64(0.05), np.int64(T)))
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_adagrad_zero_over_zero(self):

@@ -13,17 +13,8 @@ from hypothesis import strategies as st
 
 import optkit
 from tests import oracles
-from tests.trajectories import (
-    ADAM_CONFIGS,
-    SHAPES_OPS,
-    _assert_close,
-    _random_tensors,
-    _run_optkit,
-    _run_oracle,
-    _with_dtype,
-)
-
-SHAPES = SHAPES_OPS
+from tests.trajectories import ADAM_CONFIGS, _random_tensors, _run_optkit, check_spec_operator, check_trajectory
+from tests.trajectories import SHAPES_OPS as SHAPES
 
 
 class AdamTest(chex.TestCase):
@@ -44,11 +35,8 @@ class AdamTest(chex.TestCase):
                                         norm_coefficient=nc, norm_coefficient_post=ncp)
             return x, (m, v)
 
-        want, want_state = _run_oracle(leaf, lambda p: (np.zeros_like(p), np.zeros_like(p)))
-        got, state = _with_dtype(dtype, lambda: _run_optkit(optkit.adam(lr, **config), dtype, self.variant))
-        _assert_close(got, want, dtype)
-        _assert_close(state[0].mu, {k: v[0] for k, v in want_state.items()}, dtype)
-        _assert_close(state[0].nu, {k: v[1] for k, v in want_state.items()}, dtype)
+        check_trajectory(lambda: optkit.adam(lr, **config), leaf, lambda p: (np.zeros_like(p), np.zeros_like(p)),
+                         ["mu", "nu"], dtype, self.variant)
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_adam_with_zero_eps_equals_optax_adam(self):
@@ -72,13 +60,10 @@ class AdamTest(chex.TestCase):
         X, G, V = (_random_tensors(rng, SHAPES, np.float64) for _ in range(3))
         H = _random_tensors(rng, SHAPES, np.float64, positive=True)
         attrs = dict(alpha=0.8, beta=0.95, epsilon=1e-4, norm_coefficient=0.01, norm_coefficient_post=0.05)
-        with jax.enable_x64(True):
-            fn = self.variant(lambda R, T, X, G, V, H: optkit.ops.onnx_adam(R, T, X, G, V, H, **attrs))
-            X_new, V_new, H_new = fn(np.float64(0.1), np.int64(T), X, G, V, H)
-        for i in range(len(SHAPES)):
-            want = oracles.onnx_adam(0.1, T, X[i], G[i], V[i], H[i], **attrs)
-            for got, w in zip((X_new[i], V_new[i], H_new[i]), want):
-                np.testing.assert_allclose(got, w, rtol=1e-13, atol=1e-14)
+        check_spec_operator(
+            self.variant, lambda R, T, X, G, V, H: optkit.ops.onnx_adam(R, T, X, G, V, H, **attrs),
+            lambda R, T, x, g, v, h: oracles.onnx_adam(float(R), int(T), x, g, v, h, **attrs),
+            [X, G, V, H], (np.float64(0.1), np.int64(T)))
 
     @chex.variants(with_jit=True, without_jit=True)
     @parameterized.parameters(0, 1, 5)
@@ -86,19 +71,13 @@ class AdamTest(chex.TestCase):
         rng = np.random.default_rng(20 + T)
         X, M, G = (_random_tensors(rng, SHAPES, np.float64) for _ in range(3))
         V = _random_tensors(rng, SHAPES, np.float64, positive=True)
-        with jax.enable_x64(True):
-            fn = self.variant(
-                lambda X, M, V, G, T: optkit.ops.dml_adam(
-                    X, M, V, G, T, learning_rate=1e-2, beta1=0.9, beta2=0.999, epsilon=1e-8
-                )
-            )
-            X_new, M_new, V_new = fn(X, M, V, G, np.int64(T))
-        for i in range(len(SHAPES)):
-            want = oracles.dml_adam(
-                X[i], M[i], V[i], G[i], T, LearningRate=1e-2, Beta1=0.9, Beta2=0.999, Epsilon=1e-8
-            )
-            for got, w in zip((X_new[i], M_new[i], V_new[i]), want):
-                np.testing.assert_allclose(got, w, rtol=1e-13, atol=1e-14)
+        check_spec_operator(
+            self.variant,
+            lambda T, X, M, V, G: optkit.ops.dml_adam(X, M, V, G, T, learning_rate=1e-2, beta1=0.9, beta2=0.999,
+                                                      epsilon=1e-8),
+            lambda T, x, m, v, g: oracles.dml_adam(x, m, v, g, int(T), LearningRate=1e-2, Beta1=0.9, Beta2=0.999,
+                                                   Epsilon=1e-8),
+            [X, M, V, G], (np.int64(T),))
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_dml_adam_at_t0_uses_alpha_one(self):

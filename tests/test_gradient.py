@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import optkit
 from optkit._src import gradient as gradient_module
-from tests.helpers import rng_arrays, x64  # noqa: F401 (x64: float64 for every test here)
+from tests.helpers import rng_arrays, sin_derivatives_graph, x64  # noqa: F401 (x64: float64 for every test here)
 
 TRANSFORMS = [pytest.param(jax.jit, id="jit"), pytest.param(lambda f: f, id="nojit")]
 
@@ -284,13 +284,8 @@ def test_seed_figure_3_second_derivative_through_nested_gradient_nodes(transform
 
 @pytest.mark.parametrize("transform", TRANSFORMS)
 def test_third_derivative_of_sin_by_three_nested_gradient_nodes(transform):
-    g = optkit.Graph(inputs=["x"])
-    g.add(jnp.sin, ["x"], ["s"])
-    g.add_gradient(xs=["x"], y="s", outputs=["ds"])
-    g.add_gradient(xs=["x"], y="ds", outputs=["d2s"])
-    g.add_gradient(xs=["x"], y="d2s", outputs=["d3s"])
     x = np.linspace(-3.0, 3.0, 7)
-    ds, d2s, d3s = transform(g.as_function(["x"], ["ds", "d2s", "d3s"]))(x)
+    ds, d2s, d3s = transform(sin_derivatives_graph().as_function(["x"], ["d1", "d2", "d3"]))(x)
     np.testing.assert_allclose(ds, np.cos(x), rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(d2s, -np.sin(x), rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(d3s, -np.cos(x), rtol=1e-12, atol=1e-15)

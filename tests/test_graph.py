@@ -19,7 +19,7 @@ import pytest
 
 import optkit
 from optkit._src import graph as graph_module
-from tests.helpers import rng_arrays
+from tests.helpers import mlp_graph, rng_arrays
 
 TRANSFORMS = [pytest.param(jax.jit, id="jit"), pytest.param(lambda f: f, id="nojit")]
 
@@ -28,16 +28,6 @@ def mlp_loss(W1, b1, W2, b2, X, L):
     H = jnp.tanh(X @ W1 + b1)
     Y = H @ W2 + b2
     return jnp.mean((Y - L) ** 2)
-
-
-def mlp_graph():
-    g = optkit.Graph(inputs=["W1", "b1", "W2", "b2", "X", "L"])
-    g.add(lambda x, w, b: x @ w + b, ["X", "W1", "b1"], ["A"], name="Gemm1")
-    g.add(jnp.tanh, ["A"], ["H"], name="Tanh")
-    g.add(lambda h, w, b: h @ w + b, ["H", "W2", "b2"], ["Y"], name="Gemm2")
-    g.add(lambda y, l: jnp.mean((y - l) ** 2), ["Y", "L"], ["O"], name="Loss")
-    g.add_gradient(xs=["W1", "b1", "W2", "b2"], zs=["X", "L"], y="O")
-    return g
 
 
 def mlp_values(seed=0):

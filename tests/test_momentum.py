@@ -9,17 +9,8 @@ from absl.testing import parameterized
 
 import optkit
 from tests import oracles
-from tests.trajectories import (
-    MOMENTUM_CONFIGS,
-    SHAPES_OPS,
-    _assert_close,
-    _random_tensors,
-    _run_optkit,
-    _run_oracle,
-    _with_dtype,
-)
-
-SHAPES = SHAPES_OPS
+from tests.trajectories import MOMENTUM_CONFIGS, _random_tensors, _run_optkit, check_spec_operator, check_trajectory
+from tests.trajectories import SHAPES_OPS as SHAPES
 
 
 class MomentumTest(chex.TestCase):
@@ -29,16 +20,15 @@ class MomentumTest(chex.TestCase):
         lr = 0.05
         cfg = dict(alpha=0.9, beta=1.0, nesterov=False, norm_coefficient=0.0) | config
 
-        def leaf(x, g, v, t):
-            return oracles.onnx_momentum(
-                lr, t, x, g, v, alpha=cfg["alpha"], beta=cfg["beta"],
+        def leaf(x, g, moments, t):
+            x, v = oracles.onnx_momentum(
+                lr, t, x, g, moments[0], alpha=cfg["alpha"], beta=cfg["beta"],
                 mode="nesterov" if cfg["nesterov"] else "standard", norm_coefficient=cfg["norm_coefficient"],
             )
+            return x, (v,)
 
-        want, want_state = _run_oracle(leaf, np.zeros_like)
-        got, state = _with_dtype(dtype, lambda: _run_optkit(optkit.momentum(lr, **config), dtype, self.variant))
-        _assert_close(got, want, dtype)
-        _assert_close(state[0].trace, want_state, dtype)
+        check_trajectory(lambda: optkit.momentum(lr, **config), leaf, lambda p: (np.zeros_like(p),), ["trace"],
+                         dtype, self.variant)
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_momentum_equals_optax_sgd(self):
@@ -55,10 +45,6 @@ class MomentumTest(chex.TestCase):
         rng = np.random.default_rng(30 + T)
         X, G, V = (_random_tensors(rng, SHAPES, np.float64) for _ in range(3))
         attrs = dict(alpha=0.9, beta=0.3, mode=mode, norm_coefficient=0.01)
-        with jax.enable_x64(True):
-            fn = self.variant(lambda R, T, X, G, V: optkit.ops.onnx_momentum(R, T, X, G, V, **attrs))
-            X_new, V_new = fn(np.float64(0.1), np.int64(T), X, G, V)
-        for i in range(len(SHAPES)):
-            want_x, want_v = oracles.onnx_momentum(0.1, T, X[i], G[i], V[i], **attrs)
-            np.testing.assert_allclose(X_new[i], want_x, rtol=1e-13, atol=1e-14)
-            np.testing.assert_allclose(V_new[i], want_v, rtol=1e-13, atol=1e-14)
+        check_spec_operator(self.variant, lambda R, T, X, G, V: optkit.ops.onnx_momentum(R, T, X, G, V, **attrs),
+                            lambda R, T, x, g, v: oracles.onnx_momentum(float(R), int(T), x, g, v, **attrs),
+                            [X, G, V], (np.float64(0.1), np.int64(T)))

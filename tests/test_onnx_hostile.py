@@ -27,9 +27,6 @@ A fuzz test at the end mutates all these fields at once.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 import time
 
 import numpy as np
@@ -47,9 +44,11 @@ import optkit.onnx  # noqa: E402
 from optkit.onnx import TensorTooLargeError, UnsupportedOpError  # noqa: E402
 from tests.helpers import onnx_external as _external  # noqa: E402
 from tests.helpers import onnx_info as _info  # noqa: E402
-from tests.helpers import onnx_model  # noqa: E402
+from tests.helpers import (
+    onnx_model,  # noqa: E402
+    run_in_child,  # noqa: E402
+)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINING = "ai.onnx.preview.training"
 DOCUMENTED = (ValueError, TypeError, MemoryError, UnsupportedOpError)
 MIB = 1 << 20
@@ -61,19 +60,6 @@ def _model(nodes, inputs, outputs, initializers=(), **kwargs):
 
 def _float(name, shape):
     return _info(name, TensorProto.FLOAT, shape)
-
-
-def _bounded(code: str, *, seconds: float = 120, memory_gib: float = 4) -> str:
-    """Run ``code`` in a fresh Python with at most ``memory_gib`` of address space; it must exit 0 in time."""
-    prelude = (f"import resource, sys; sys.path.insert(0, {ROOT!r}); "
-               f"resource.setrlimit(resource.RLIMIT_AS, ({int(memory_gib * 2**30)}, {int(memory_gib * 2**30)}))\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS"))}
-    result = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=seconds)
-    assert result.returncode == 0, (f"the child exited with {result.returncode}"
-                                    f"{' (killed by a signal)' if result.returncode < 0 else ''}:\n"
-                                    f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
-    return result.stdout
 
 
 def _empty_tensor(name, dims):
@@ -101,13 +87,13 @@ def test_external_data_reads_only_the_bytes_its_dims_need_from_a_huge_file(tmp_p
         f.write(np.array([1.0, 2.0, 3.0], np.float32).tobytes())
     model = _add_model(_external(numpy_helper.from_array(np.zeros(3, np.float32), "W"), "big.bin", offset=64), [3])
     onnx.save(model, tmp_path / "model.onnx")
-    out = _bounded(f"""
+    out = run_in_child(f"""
         import numpy as np, optkit.onnx
         rep = optkit.onnx.prepare({str(tmp_path / "model.onnx")!r}, max_tensor_bytes=1 << 20)
         print(rep.run([np.zeros(3, np.float32)]).Y.tolist())
         # VmHWM: this process's own peak (ru_maxrss would carry the forking pytest worker's peak over exec)
         print(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")))
-    """, seconds=60, memory_gib=3)
+    """, timeout=60, memory_gib=3)
     values, peak_kib = out.split("\n")[:2]
     assert values == "[1.0, 2.0, 3.0]"
     assert int(peak_kib) < 1.5 * 2**20  # far below the file's 1 GiB
@@ -247,7 +233,7 @@ def test_no_window_intermediate_goes_past_the_tensor_bound():
 
 
 def test_a_huge_window_case_in_a_bounded_child():
-    _bounded("""
+    run_in_child("""
         import numpy as np, onnx, optkit.onnx
         from tests.test_onnx_hostile import _window_model
         for attrs in (dict(pads=[100000] * 4, strides=[100000] * 2), dict(pads=[10**9] * 4, strides=[10**9] * 2)):
@@ -255,7 +241,7 @@ def test_a_huge_window_case_in_a_bounded_child():
             y = optkit.onnx.run_model(model, [np.ones((1, 1, 1, 1), np.float32)], max_tensor_bytes=1 << 26).Y
             assert y.shape == (1, 1, 2, 2), y.shape
         print("OK")
-    """, seconds=60, memory_gib=3)
+    """, timeout=60, memory_gib=3)
 
 
 # ---------------------------------------------------------------- 4. empty tensors and huge dimensions
@@ -272,7 +258,7 @@ def test_empty_or_huge_dimension_tensors_are_refused_at_load(dims):
 
 def test_the_73_byte_empty_tensor_model_in_a_bounded_child():
     """The model that aborted the process (std::bad_alloc in XLA:CPU after 23 s and 2.1 GB)."""
-    _bounded("""
+    run_in_child("""
         import optkit.onnx
         from onnx import TensorProto, helper
         from tests.test_onnx_hostile import _empty_tensor, _model, _float
@@ -285,7 +271,7 @@ def test_the_73_byte_empty_tensor_model_in_a_bounded_child():
         else:
             raise AssertionError("no error")
         print("OK")
-    """, seconds=60, memory_gib=3)
+    """, timeout=60, memory_gib=3)
 
 
 def test_small_empty_tensors_still_run():
@@ -387,7 +373,7 @@ def test_a_model_at_the_function_expansion_bound_loads_in_seconds():
 
 
 def test_the_999424_node_function_model_is_refused_at_once_in_a_bounded_child():
-    _bounded("""
+    run_in_child("""
         import time, optkit.onnx
         from onnx import helper
         from tests.test_onnx_hostile import _function_bomb
@@ -402,7 +388,7 @@ def test_the_999424_node_function_model_is_refused_at_once_in_a_bounded_child():
             assert "more than 100000 nodes" in str(err), err
         assert time.perf_counter() - start < 5
         print("OK")
-    """, seconds=60, memory_gib=3)
+    """, timeout=60, memory_gib=3)
 
 
 # ---------------------------------------------------------------- 8. index types

@@ -30,10 +30,6 @@ external-data fields and the declared shapes of a model.
 from __future__ import annotations
 
 import io
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -51,21 +47,10 @@ from optkit.onnx import UnsupportedOpError  # noqa: E402
 from tests.helpers import onnx_external as _external  # noqa: E402
 from tests.helpers import onnx_info as _info  # noqa: E402
 from tests.helpers import onnx_model as _model  # noqa: E402
+from tests.helpers import run_in_child  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINING = "ai.onnx.preview.training"
 DOCUMENTED = (ValueError, TypeError, UnsupportedOpError)
-
-
-def _in_child(code: str, timeout: float = 300) -> str:
-    """Run ``code`` in a fresh Python; a crash (a signal) or a non-zero exit fails the test."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS"))}
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, (f"the child exited with {result.returncode}"
-                                    f"{' (killed by a signal)' if result.returncode < 0 else ''}:\n"
-                                    f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
-    return result.stdout
 
 
 def _float(name, shape):
@@ -155,7 +140,7 @@ def test_a_directory_is_not_a_model(model_dir):
 
 
 def test_an_output_larger_than_memory_raises_a_memory_error_naming_the_node():
-    _in_child("""
+    run_in_child("""
         import numpy as np, optkit.onnx
         from onnx import TensorProto, helper
         limit = optkit.onnx.default_max_tensor_bytes()
@@ -201,7 +186,7 @@ def _conv_model(x_shape, w_shape, **attrs):
 
 
 def test_conv_with_pads_larger_than_the_kernel_on_a_tiny_input():
-    _in_child("""
+    run_in_child("""
         import numpy as np, onnx.reference, optkit.onnx
         from onnx import TensorProto, helper
         info = lambda n, s: helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
@@ -330,8 +315,7 @@ def test_nested_gradients_beyond_the_limit_are_refused_at_load_naming_the_node()
 
 
 def test_deeply_nested_gradients_give_no_recursion_error():
-    _in_child(f"""
-        import sys; sys.path.insert(0, {ROOT!r})
+    run_in_child("""
         from tests.test_onnx_security import _nested_gradients
         import optkit.onnx
         for levels in (64, 300):
@@ -357,7 +341,7 @@ def test_opset_versions_onnx_does_not_define_are_refused(domain, version):
 
 
 def test_a_function_bomb_is_refused_before_it_is_expanded():
-    _in_child("""
+    run_in_child("""
         import optkit.onnx
         from onnx import TensorProto, helper
         opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
@@ -414,8 +398,7 @@ def test_fuzzed_external_data_fields_raise_only_documented_errors(tmp_path_facto
 
 
 def test_fuzzed_huge_shapes_raise_only_documented_errors():
-    _in_child(f"""
-        import sys; sys.path.insert(0, {ROOT!r})
+    run_in_child("""
         import numpy as np, optkit.onnx
         from hypothesis import given, settings, strategies as st
         from onnx import TensorProto, helper

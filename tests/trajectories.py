@@ -100,3 +100,36 @@ def _random_tensors(rng, shapes, dtype, positive=False):
 
 
 SHAPES_OPS = [(3,), (2, 4), (), (1, 2, 3)]
+
+
+def check_trajectory(make_tx, oracle_leaf, init_moments, state_fields, dtype, variant):
+    """The trajectory test every element-wise optimizer shares: ``make_tx()`` over :data:`STEPS` steps
+    against the spec's NumPy transcription, parameters and every state field.
+
+    ``oracle_leaf(x, g, moments, t) -> (x_new, moments_new)`` is one float64 step of the spec for one
+    leaf (``t`` the updates already made, ``moments`` a tuple); ``init_moments(p)`` the starting moments
+    (a tuple); ``state_fields`` the names of the moments in the optimizer's state, in that order.
+    """
+    want, want_state = _run_oracle(oracle_leaf, init_moments)
+    got, state = _with_dtype(dtype, lambda: _run_optkit(make_tx(), dtype, variant))
+    _assert_close(got, want, dtype)
+    for i, field in enumerate(state_fields):
+        _assert_close(getattr(state[0], field), {k: v[i] for k, v in want_state.items()}, dtype)
+    assert int(state[0].count) == STEPS
+    assert all(v.dtype == dtype for v in jax.tree.leaves(got))
+
+
+def check_spec_operator(variant, op, oracle, tensors, scalars=()):
+    """A spec operator over the :data:`SHAPES_OPS` tensors in float64 (jitted or not, by ``variant``)
+    against its NumPy transcription applied tensor by tensor, to 1e-13.
+
+    ``op(*scalars, *tensors)`` returns the output trees (lists over the shapes); ``oracle(*scalars,
+    *one_tensor_each)`` one tuple of arrays per tensor.
+    """
+    with jax.enable_x64(True):
+        outs = variant(op)(*scalars, *tensors)
+    for i, shape in enumerate(SHAPES_OPS):
+        want = oracle(*scalars, *(t[i] for t in tensors))
+        for got, w in zip(outs, want, strict=True):
+            np.testing.assert_allclose(got[i], w, rtol=1e-13, atol=1e-14)
+            assert np.asarray(got[i]).dtype == np.float64 and np.shape(got[i]) == shape

@@ -424,13 +424,11 @@ def run_node(node: onnx.NodeProto, inputs: Any, device: str = "CPU", **kwargs: A
         (``(dtype, shape)`` per output), ``jit``.
 
     Returns:
-      The node's outputs (a named tuple of NumPy arrays).
+      The node's outputs (a named tuple of NumPy arrays); the node runs as a one-node model
+      (source: ``onnx.backend.base.Backend.run_node``).
 
     Raises:
-      ValueError, TypeError, TensorTooLargeError, UnsupportedOpError: as
-        :func:`prepare` and :meth:`~optkit.onnx.BackendRep.run`.
-
-    Source: ``onnx.backend.base.Backend.run_node``.
+      The errors of :func:`run_model`.
 
     Example:
       >>> import numpy as np, optkit.onnx

@@ -22,6 +22,7 @@ import numpy as np
 import optax
 
 import optkit
+from tests.helpers import mlp_graph, sin_derivatives_graph
 
 STEPS = 12
 TREE = {"w": (4, 3), "b": (3,), "s": (), "k": (2, 3, 5)}
@@ -200,12 +201,7 @@ def graph_cases() -> Iterator[tuple[str, Callable[[], dict]]]:
     def mlp():
         rng = np.random.default_rng(7)
         W1, b1, W2, b2, X, L = (rng.standard_normal(s) for s in [(3, 8), (8,), (8, 2), (2,), (16, 3), (16, 2)])
-        g = optkit.Graph(inputs=["W1", "b1", "W2", "b2", "X", "L"])
-        g.add(lambda x, w, b: x @ w + b, ["X", "W1", "b1"], ["A"], name="Gemm1")
-        g.add(jnp.tanh, ["A"], ["H"], name="Tanh")
-        g.add(lambda h, w, b: h @ w + b, ["H", "W2", "b2"], ["Y"], name="Gemm2")
-        g.add(lambda y, l: jnp.mean((y - l) ** 2), ["Y", "L"], ["O"], name="Loss")
-        g.add_gradient(xs=["W1", "b1", "W2", "b2"], zs=["X", "L"], y="O")
+        g = mlp_graph()
         g.add_gradient(xs=["H"], zs=["W2", "b2", "L"], y="O", outputs=["dO/dH"])
         g.add_gradient(xs=["W2"], zs=["W1", "b1", "b2", "X", "L"], y="dO/dW2", outputs=["d2O/dW2"])
         names = ["dO/dW1", "dO/db1", "dO/dW2", "dO/db2", "dO/dH", "d2O/dW2", "O"]
@@ -217,13 +213,8 @@ def graph_cases() -> Iterator[tuple[str, Callable[[], dict]]]:
         return out
 
     def sin_orders():
-        g = optkit.Graph(inputs=["x"])
-        g.add(jnp.sin, ["x"], ["y"])
-        g.add_gradient(xs=["x"], y="y", outputs=["d1"])
-        g.add_gradient(xs=["x"], y="d1", outputs=["d2"])
-        g.add_gradient(xs=["x"], y="d2", outputs=["d3"])
         x = np.linspace(-2.0, 2.0, 7)
-        return {k: np.asarray(v) for k, v in g.evaluate({"x": x}, ["d1", "d2", "d3"]).items()}
+        return {k: np.asarray(v) for k, v in sin_derivatives_graph().evaluate({"x": x}, ["d1", "d2", "d3"]).items()}
 
     def gradient_fn():
         def model(W, X, L):
