@@ -22,6 +22,9 @@ import ``onnx``.
 - :func:`prepare` / :class:`BackendRep` — load once, :meth:`~optkit.onnx.BackendRep.run` many times;
 - :func:`run_model`, :func:`run_node` — one-off runs;
 - :class:`Backend` — an ``onnx.backend.base.Backend`` for ONNX's test runner;
+- :func:`to_jax` — the model as ``apply_fn(params, *inputs)`` and a dict of its trainable
+  initializers (:class:`OnnxFunction`), for Optax, optkit and ``jax.grad``; :class:`OnnxModule`
+  the same as a Flax NNX module (needs ``flax``);
 - :func:`make_training_model` — an inference model plus a loss, a Gradient node and an optimizer
   node over its initializers; :func:`with_initializers` writes trained weights back;
 - :func:`supported_ops` — the op table's ``(domain, op_type, since_version)`` rows;
@@ -60,6 +63,7 @@ except ImportError as _err:
 from optkit.onnx._backend import Backend, BackendRep, prepare, run_model, run_node
 from optkit.onnx._errors import TensorTooLargeError, UnsupportedOpError
 from optkit.onnx._files import ModelSource, load_model
+from optkit.onnx._jax import OnnxFunction, to_jax
 from optkit.onnx._limits import GRADIENT_DEPTH_CEILING, MAX_GRADIENT_DEPTH, default_max_tensor_bytes
 from optkit.onnx._load import to_graph
 from optkit.onnx._ops import supported_ops
@@ -73,6 +77,8 @@ __all__ = [
     "InputInfo",
     "MAX_GRADIENT_DEPTH",
     "ModelSource",
+    "OnnxFunction",
+    "OnnxModule",
     "TensorTooLargeError",
     "UnsupportedOpError",
     "default_max_tensor_bytes",
@@ -83,5 +89,16 @@ __all__ = [
     "run_node",
     "supported_ops",
     "to_graph",
+    "to_jax",
     "with_initializers",
 ]
+
+
+def __getattr__(name: str):
+    if name == "OnnxModule":  # needs flax, which optkit.onnx alone does not
+        try:
+            from optkit.onnx._nnx import OnnxModule
+        except ImportError as err:
+            raise ImportError('optkit.onnx.OnnxModule needs flax: pip install "optkit[examples]" or flax') from err
+        return OnnxModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

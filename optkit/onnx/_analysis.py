@@ -93,7 +93,7 @@ def static_inputs(nodes: Sequence[onnx.NodeProto], specs: Mapping[int, OpSpec], 
 
     Args:
       nodes: the graph's nodes; ``specs`` the registration each one was built from, by index.
-      inputs: the graph input names.
+      inputs: the names to report: graph inputs (and initializers, for the ones a static slot reads).
     """
     slots = [node.input[i] for index, node in enumerate(nodes) for i in specs[index].static_inputs
              if i < len(node.input) and node.input[i]]

@@ -49,6 +49,8 @@ class Converted:
       captures: for a sub-graph, the names of enclosing graphs it reads (graph
         inputs of ``graph`` that its node feeds); empty for a model's graph.
       model: the checked ``ModelProto`` as it was read (set by the pipeline; None for a sub-graph).
+      static_initializers: initializers that a static input slot reads (a ``Resize``'s scales...): fed as
+        traced values they would fail, so they are not trained by default.
     """
 
     graph: Graph
@@ -57,6 +59,7 @@ class Converted:
     static_inputs: frozenset[str]
     captures: tuple[str, ...] = ()
     model: onnx.ModelProto | None = None
+    static_initializers: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +106,9 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     check_gradient_work(g.node, scope.limits, scope.budget, scope.operators.opsets.get(TRAINING_DOMAIN))
     graph.validate()
     names = {info.name for info in declared.inputs}
-    return Converted(graph, declared.inputs, declared.outputs, static_inputs(g.node, specs, names, scope.budget),
-                     tuple(captured))
+    static = static_inputs(g.node, specs, names | set(declared.initializers), scope.budget)
+    return Converted(graph, declared.inputs, declared.outputs, static & names, tuple(captured),
+                     static_initializers=static & set(declared.initializers))
 
 
 def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope) -> tuple[OpSpec, list[str]]:

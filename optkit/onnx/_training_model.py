@@ -9,15 +9,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from optkit.onnx._ops._values import TRAINING_DOMAIN, normalize_domain
 
-__all__ = ["make_training_model", "with_initializers"]
+__all__ = ["make_training_model", "select_trainable", "with_initializers"]
 
-_LOSSES = ("softmax_cross_entropy", "mean_squared_error")
+_LOSSES = ("softmax_cross_entropy", "mean_squared_error", "binary_cross_entropy_with_logits", "l1")
 # optimizer -> (state slots per parameter, the node's defaults for its attributes)
 _OPTIMIZERS = {"adam": (("adam_v", "adam_h"), {}), "adagrad": (("adagrad_h",), {}),
                "momentum": (("momentum_v",), {"alpha": 0.9, "beta": 1.0, "mode": "standard",
@@ -30,6 +31,7 @@ def make_training_model(
     loss: str = "softmax_cross_entropy",
     optimizer: str = "adam",
     trainable: Sequence[str] | None = None,
+    frozen: Sequence[str] = (),
     output: str | None = None,
     optimizer_attributes: Mapping[str, Any] | None = None,
 ) -> onnx.ModelProto:
@@ -51,11 +53,15 @@ def make_training_model(
 
     Args:
       model: the inference model; not modified.
-      loss: ``"softmax_cross_entropy"`` or ``"mean_squared_error"``.
+      loss: ``"softmax_cross_entropy"``, ``"mean_squared_error"``, ``"l1"`` (mean absolute difference) or
+        ``"binary_cross_entropy_with_logits"`` (the mean over elements of the cross-entropy of
+        ``sigmoid(output)`` against a ``target`` in [0, 1] of the output's shape), ONNX Runtime's
+        ``CrossEntropyLoss``, ``MSELoss``, ``L1Loss`` and ``BCEWithLogitsLoss``.
       optimizer: ``"adam"``, ``"adagrad"`` or ``"momentum"``.
       trainable: the initializer names to train; default every floating-point initializer of
         rank >= 1 that a node reads and that holds only finite values (exporters' scalar constants
         and attention masks of -inf stay fixed). Integer initializers are never trainable.
+      frozen: initializer names left out of ``trainable`` (ONNX Runtime's ``frozen_params``).
       output: the graph output the loss is taken of; default the first.
       optimizer_attributes: the optimizer node's attributes (``alpha``, ``beta``, ``epsilon``,
         ``norm_coefficient``, ``decay_factor``... as ONNX names them); ONNX's defaults otherwise
@@ -103,10 +109,19 @@ def make_training_model(
         raise ValueError(f"output {output!r} is not a graph output; the outputs are {outputs}")
     initializers = {i.name: i for i in graph.initializer}
     read = {name for node in graph.node for name in node.input}
-    trainable = _trainable(graph, initializers, read, trainable)
+    floats = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    floating = {n: i.data_type in floats for n, i in initializers.items()}
+    default = [n for n, i in initializers.items() if floating[n] and n in read and len(i.dims)
+               and i.data_location != onnx.TensorProto.EXTERNAL and np.all(np.isfinite(numpy_helper.to_array(i)))]
+    trainable = select_trainable(floating, default, trainable, frozen)
     slots, defaults = _OPTIMIZERS[optimizer]
     target = "labels" if loss == "softmax_cross_entropy" else "target"
-    added = [target, "R", "T", "loss", "loss.squared", "loss.difference"]
+    out_info = next(o for o in graph.output if o.name == output)
+    elem = out_info.type.tensor_type.elem_type or TensorProto.FLOAT
+    out_dims = [d.dim_param or (d.dim_value if d.HasField("dim_value") else None) or None
+                for d in out_info.type.tensor_type.shape.dim]
+    target_info, loss_nodes = _loss(loss, output, target, elem, out_dims)
+    added = [target, "R", "T", *(name for n in loss_nodes for name in n.output)]
     added += [f"{p}.{s}" for p in trainable for s in slots] + [f"{p}.new" for p in trainable]
     added += [f"{p}.{s}.new" for p in trainable for s in slots] + [f"{p}.grad" for p in trainable]
     used = set(read) | {o for node in graph.node for o in node.output} | {i.name for i in graph.input} \
@@ -115,11 +130,6 @@ def make_training_model(
     if clash:
         raise ValueError(f"the model already uses the names {clash}, which the training graph adds")
 
-    out_info = next(o for o in graph.output if o.name == output)
-    elem = out_info.type.tensor_type.elem_type or TensorProto.FLOAT
-    out_dims = [d.dim_param or (d.dim_value if d.HasField("dim_value") else None) or None
-                for d in out_info.type.tensor_type.shape.dim]
-    target_info, loss_nodes = _loss(loss, output, target, elem, out_dims)
     nodes = list(graph.node) + loss_nodes
     inputs_of_model = [i for i in graph.input if i.name not in initializers]
     data_inputs = [i.name for i in inputs_of_model] + [target]
@@ -168,35 +178,54 @@ def make_training_model(
 
 
 def _loss(loss: str, output: str, target: str, elem: int, out_dims: list) -> tuple[Any, list[onnx.NodeProto]]:
-    """The target's ValueInfo and the nodes computing ``loss`` from ``output`` and ``target``."""
+    """The target's ValueInfo and the nodes computing ``loss`` from ``output`` and ``target`` (names ``loss.*``)."""
     if loss == "softmax_cross_entropy":
         target_info = helper.make_tensor_value_info(target, TensorProto.INT64, out_dims[:1] or ["N"])
         return target_info, [helper.make_node("SoftmaxCrossEntropyLoss", [output, target], ["loss"], name="loss")]
     target_info = helper.make_tensor_value_info(target, elem, out_dims)
-    return target_info, [
-        helper.make_node("Sub", [output, target], ["loss.difference"], name="loss.difference"),
-        helper.make_node("Mul", ["loss.difference", "loss.difference"], ["loss.squared"], name="loss.squared"),
-        helper.make_node("ReduceMean", ["loss.squared"], ["loss"], keepdims=0, name="loss")]
+    node = helper.make_node
+    if loss == "mean_squared_error":
+        terms = [node("Sub", [output, target], ["loss.difference"], name="loss.difference"),
+                 node("Mul", ["loss.difference", "loss.difference"], ["loss.terms"], name="loss.squared")]
+    elif loss == "l1":
+        terms = [node("Sub", [output, target], ["loss.difference"], name="loss.difference"),
+                 node("Abs", ["loss.difference"], ["loss.terms"], name="loss.absolute")]
+    else:  # binary cross-entropy of sigmoid(output): max(x, 0) - x t + log(1 + exp(-|x|)), stable for any x
+        terms = [node("Relu", [output], ["loss.relu"], name="loss.relu"),
+                 node("Mul", [output, target], ["loss.product"], name="loss.product"),
+                 node("Sub", ["loss.relu", "loss.product"], ["loss.difference"], name="loss.difference"),
+                 node("Abs", [output], ["loss.absolute"], name="loss.absolute"),
+                 node("Neg", ["loss.absolute"], ["loss.negative"], name="loss.negative"),
+                 node("Softplus", ["loss.negative"], ["loss.softplus"], name="loss.softplus"),
+                 node("Add", ["loss.difference", "loss.softplus"], ["loss.terms"], name="loss.terms")]
+    return target_info, [*terms, node("ReduceMean", ["loss.terms"], ["loss"], keepdims=0, name="loss")]
 
 
-def _trainable(graph: onnx.GraphProto, initializers: Mapping[str, onnx.TensorProto], read: set[str],
-               trainable: Sequence[str] | None) -> list[str]:
-    """The initializers to train: those named, each checked, or by default the floating-point initializers of
-    rank >= 1 that a node reads and that hold only finite values (exporters' scalars and masks left out)."""
-    floats = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
-    if trainable is None:
-        trainable = [n for n, i in initializers.items() if i.data_type in floats and n in read and len(i.dims)
-                     and i.data_location != onnx.TensorProto.EXTERNAL
-                     and np.all(np.isfinite(numpy_helper.to_array(i)))]
-    trainable = list(trainable)
-    for name in trainable:
-        if name not in initializers:
-            raise ValueError(f"trainable name {name!r} is not an initializer of the model")
-        if initializers[name].data_type not in floats:
+def select_trainable(floating: Mapping[str, bool], default: Sequence[str], trainable: Sequence[str] | None,
+                     frozen: Sequence[str] = ()) -> list[str]:
+    """The initializers to train: those named in ``trainable`` (each checked), or ``default``; less ``frozen``.
+
+    Args:
+      floating: every initializer's name -> whether it is floating-point.
+      default: the caller's default choice (see :func:`make_training_model`'s ``trainable``).
+
+    Raises:
+      TypeError: ``trainable`` or ``frozen`` not a sequence of names.
+      ValueError: a name that is not an initializer, a non-float one to train, or nothing left to train.
+    """
+    for what, names in (("trainable", trainable), ("frozen", frozen)):
+        if isinstance(names, (str, bytes)) or (names is not None and not isinstance(names, Sequence | set)):
+            raise TypeError(f"{what} must be a sequence of initializer names, got {names!r}")
+        for name in names or ():
+            if name not in floating:
+                raise ValueError(f"{what} name {name!r} is not an initializer of the model")
+    chosen = [name for name in (default if trainable is None else trainable) if name not in set(frozen)]
+    for name in chosen:
+        if not floating[name]:
             raise ValueError(f"initializer {name!r} is not floating-point and cannot be trained")
-    if not trainable:
+    if not chosen:
         raise ValueError("the model has no floating-point initializer to train")
-    return trainable
+    return chosen
 
 
 def _zeros_like(tensor: onnx.TensorProto, name: str) -> onnx.TensorProto:
@@ -209,13 +238,15 @@ def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx
 
     Args:
       model: an ONNX model; not modified.
-      values: initializer name -> array of the initializer's shape (its dtype is kept).
+      values: initializer name -> array of the initializer's shape (its dtype is kept), as
+        :func:`to_jax`'s ``params``; or the ``nnx.State`` of an :class:`OnnxModule`'s parameters
+        (``nnx.state(module, nnx.Param)``), or the module itself.
 
     Returns:
       A new ``onnx.ModelProto``.
 
     Raises:
-      TypeError: ``values`` is not a mapping.
+      TypeError: ``values`` is not a mapping, a state or a module.
       ValueError: a name that is not an initializer, or an array of another shape.
 
     Example:
@@ -230,8 +261,7 @@ def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx
       >>> numpy_helper.to_array(new.graph.initializer[0])
       array([1., 2.], dtype=float32)
     """
-    if not isinstance(values, Mapping):
-        raise TypeError(f"values must map initializer names to arrays, got {type(values).__name__}")
+    values = _by_initializer_name(values)
     new = onnx.ModelProto()
     new.CopyFrom(model)
     index = {init.name: i for i, init in enumerate(new.graph.initializer)}
@@ -245,3 +275,26 @@ def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx
         dtype = helper.tensor_dtype_to_np_dtype(old.data_type)
         new.graph.initializer[index[name]].CopyFrom(numpy_helper.from_array(array.astype(dtype), name))
     return new
+
+
+def _by_initializer_name(values: Any) -> dict[str, Any]:
+    """``{initializer name: array}`` from a dict of arrays, an OnnxModule or its ``nnx.State``."""
+    params = getattr(values, "params", None)
+    if params is not None and hasattr(values, "apply_fn"):  # an OnnxModule
+        values = params
+    if isinstance(values, Mapping) and all(isinstance(k, str) and hasattr(v, "shape") for k, v in values.items()):
+        return dict(values)
+    if not isinstance(values, Mapping):
+        raise TypeError(f"values must map initializer names to arrays, got {type(values).__name__} (or be an "
+                        f"OnnxModule or its nnx.State)")
+    is_variable = lambda x: hasattr(x, "get_metadata")  # noqa: E731 (an nnx.Variable, such as nnx.Param)
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(values, is_leaf=is_variable)[0]:
+        if is_variable(leaf):
+            name, leaf = leaf.get_metadata().get("onnx_name"), leaf[...]
+        else:
+            name = None
+        keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+        keys = [k for k in keys if k != "value"]
+        out[name if name is not None else str(keys[-1])] = leaf
+    return out

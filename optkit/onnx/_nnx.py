@@ -1,0 +1,92 @@
+"""An ONNX model as a Flax NNX module: :class:`OnnxModule` (imported on first use; needs ``flax``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from flax import nnx
+from flax.core import meta
+
+from optkit.onnx._files import ModelSource
+from optkit.onnx._jax import OnnxFunction, to_jax
+
+__all__ = ["OnnxModule"]
+
+
+class OnnxModule(nnx.Module):
+    """An ONNX model as a ``flax.nnx.Module``: its trainable initializers are ``nnx.Param``s.
+
+    ``module(*inputs)`` runs the model (:class:`~optkit.onnx.OnnxFunction`'s
+    rules for inputs and outputs) with the current values of its parameters,
+    so ``nnx.Optimizer(module, tx, wrt=nnx.Param)`` trains it with any Optax
+    or optkit optimizer, under ``nnx.jit`` or eagerly, and a step equals the
+    same step on :func:`to_jax`'s ``apply_fn`` and plain dict.
+    ``optkit.onnx.with_initializers(model, nnx.state(module, nnx.Param))``
+    writes the trained values back into the ONNX model.
+
+    Args:
+      model: a ``ModelProto``, its bytes, a path or a binary file object.
+      trainable, frozen, outputs: as :func:`to_jax`.
+      sharding: optional ``(name, shape) -> tuple of mesh axis names or None
+        per axis`` (or None for a replicated parameter): stored as the
+        parameter's ``out_sharding`` metadata (what ``nnx.with_partitioning``
+        sets), which ``nnx.get_partition_spec`` and optkit's Adafactor read;
+        under ``jax.set_mesh(mesh)`` the values are placed so at construction
+        (without a mesh the names are metadata only).
+      kwargs: ``base_dir``, ``max_tensor_bytes``, ``max_gradient_depth``,
+        ``max_gradient_passes``, as :func:`prepare`.
+
+    Attributes:
+      params: an ``nnx.Dict`` from initializer name to ``nnx.Param`` (shape and
+        dtype of the initializer); each Param's metadata has ``onnx_name``.
+      apply_fn: the :class:`~optkit.onnx.OnnxFunction` it calls.
+
+    Raises:
+      As :func:`to_jax` at construction, and as
+      :class:`~optkit.onnx.OnnxFunction` at call; ValueError: a ``sharding``
+      entry whose length is not the parameter's rank.
+
+    Example:
+      >>> import numpy as np, optax, optkit, optkit.onnx
+      >>> from flax import nnx
+from flax.core import meta
+      >>> from onnx import TensorProto, helper, numpy_helper
+      >>> graph = helper.make_graph(
+      ...     [helper.make_node("MatMul", ["x", "W"], ["y"])], "linear",
+      ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+      ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+      ...     [numpy_helper.from_array(np.ones((3, 2), np.float32), "W")])
+      >>> module = optkit.onnx.OnnxModule(helper.make_model(graph))
+      >>> optimizer = nnx.Optimizer(module, optkit.adam(1e-3), wrt=nnx.Param)
+      >>> loss, grads = nnx.value_and_grad(lambda m: (m(np.ones((4, 3), np.float32)) ** 2).mean())(module)
+      >>> _ = optimizer.update(module, grads)
+      >>> module.params["W"].get_metadata()["onnx_name"]
+      'W'
+    """
+
+    def __init__(self, model: ModelSource, *, trainable: Sequence[str] | None = None, frozen: Sequence[str] = (),
+                 outputs: str | Sequence[str] | None = None,
+                 sharding: Callable[[str, tuple[int, ...]], Sequence[str | None] | None] | None = None,
+                 base_dir: str | os.PathLike[str] | None = None, **limits: Any) -> None:
+        apply_fn, values = to_jax(model, trainable=trainable, frozen=frozen, outputs=outputs, base_dir=base_dir,
+                                  **limits)
+        self.apply_fn: OnnxFunction = apply_fn
+        params = {}
+        for name, value in values.items():
+            metadata: dict[str, Any] = {"onnx_name": name}
+            names = None if sharding is None else sharding(name, tuple(value.shape))
+            if names is not None:
+                names = tuple(names)
+                if len(names) != value.ndim:
+                    raise ValueError(f"sharding({name!r}, {tuple(value.shape)}) gave {names}: one mesh axis name "
+                                     f"or None per axis is needed")
+                metadata["out_sharding"] = names
+                if meta.get_global_mesh() is None:  # no mesh to place it on now: the names are metadata only
+                    metadata["eager_sharding"] = False
+            params[name] = nnx.Param(value, **metadata)
+        self.params = nnx.Dict(params)
+
+    def __call__(self, *inputs: Any) -> Any:
+        return self.apply_fn({name: param[...] for name, param in self.params.items()}, *inputs)

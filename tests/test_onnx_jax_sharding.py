@@ -1,0 +1,105 @@
+"""An exported ONNX model trained data-parallel on 8 simulated CPU devices equals the same training on one.
+
+``optkit.onnx.to_jax``'s ``apply_fn`` on a 4x2 ``(data, model)`` mesh with the batch sharded over
+``data`` and the parameters replicated, and ``OnnxModule`` in ``nnx.Optimizer`` on a 4x2 ``(data, model)`` mesh with the weight
+matrices sharded along ``model`` by a sharding rule: three jitted steps of ``optkit.adafactor`` and an
+``optax.adamw`` chain give the one-device parameters (within 1e-5 relative, float32), and the parameters
+keep their shardings. Runs in a child process with 8 devices when the suite has fewer (tests/_devices.py).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import jax
+import pytest
+
+from tests._devices import has_devices, rerun_in_child
+
+pytest.importorskip("onnx")
+
+if not has_devices():
+    test_onnx_jax_on_8_simulated_cpu_devices = rerun_in_child(__file__)
+
+else:
+    import chex
+    import jax.numpy as jnp
+    import numpy as np
+    import onnx
+    import optax
+    from flax import nnx
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import optkit
+    import optkit.onnx
+
+    MODEL = pathlib.Path(__file__).parent / "models" / "torch_torchscript_mlp"
+    OPTIMIZERS = {
+        "optkit.adafactor": lambda: optkit.adafactor(1e-2),
+        "optax.adamw chain": lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3)),
+    }
+
+    def _data():
+        data = np.load(f"{MODEL}.npz")
+        # The export's batch is fixed at 4: one row per device of the data axis.
+        return onnx.load(f"{MODEL}.onnx"), data["input"], (data["output"] + 0.1).astype(np.float32)
+
+    def _plain_steps(apply_fn, params, tx, x, y, steps=3, shardings=None):
+        def loss(p, x, y):
+            return jnp.mean((apply_fn(p, x) - y) ** 2)
+
+        def step(p, state, x, y):
+            grads = jax.grad(loss)(p, x, y)
+            updates, state = tx.update(grads, state, p)
+            return optax.apply_updates(p, updates), state
+
+        step = jax.jit(step) if shardings is None else jax.jit(step, in_shardings=shardings)
+        state = tx.init(params)
+        for _ in range(steps):
+            params, state = step(params, state, x, y)
+        return params
+
+    @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+    def test_data_parallel_steps_equal_one_device(optimizer):
+        model, x, y = _data()
+        apply_fn, params = optkit.onnx.to_jax(model)
+        want = _plain_steps(apply_fn, params, OPTIMIZERS[optimizer](), x, y)
+        mesh = jax.make_mesh((4, 2), ("data", "model"))  # the parameters replicated over all 8 devices
+        batch = NamedSharding(mesh, P("data"))
+        replicated = NamedSharding(mesh, P())
+        sharded_x, sharded_y = jax.device_put(x, batch), jax.device_put(y, batch)
+        placed = jax.device_put(params, replicated)
+        got = _plain_steps(apply_fn, placed, OPTIMIZERS[optimizer](), sharded_x, sharded_y,
+                           shardings=(replicated, replicated, batch, batch))
+        chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6)
+        assert all(v.sharding.is_fully_replicated for v in got.values())
+
+    def _rule(name, shape):
+        """Weight matrices split along their last axis over ``model``; the rest replicated."""
+        return (None, "model") if len(shape) == 2 and shape[-1] % 2 == 0 else None
+
+    @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+    def test_onnx_module_on_a_data_model_mesh_equals_one_device(optimizer):
+        model, x, y = _data()
+        apply_fn, params = optkit.onnx.to_jax(model)
+        want = _plain_steps(apply_fn, params, OPTIMIZERS[optimizer](), x, y)
+        mesh = jax.make_mesh((4, 2), ("data", "model"))
+        with jax.set_mesh(mesh):
+            module = optkit.onnx.OnnxModule(model, sharding=_rule)
+            optimizer_ = nnx.Optimizer(module, OPTIMIZERS[optimizer](), wrt=nnx.Param)
+            batch = NamedSharding(mesh, P("data"))
+
+            @nnx.jit
+            def step(module, optimizer_, x, y):
+                grads = nnx.grad(lambda m: jnp.mean((m(x) - y) ** 2))(module)
+                optimizer_.update(module, grads)
+
+            for _ in range(3):
+                step(module, optimizer_, jax.device_put(x, batch), jax.device_put(y, batch))
+        got = {name: param[...] for name, param in module.params.items()}
+        chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6)
+        split = [name for name, value in got.items() if _rule(name, value.shape)]
+        assert split, "the rule split no parameter"
+        for name in split:
+            assert got[name].sharding.spec == P(None, "model"), (name, got[name].sharding)
