@@ -1,9 +1,16 @@
 """The examples run end to end (with few steps: these are smoke tests, not accuracy checks)."""
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from examples import quickstart
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_quickstart_runs_and_learns(tmp_path):
@@ -32,6 +39,29 @@ def test_scanned_lm_trains_as_the_unrolled_one(tmp_path):
 
 # Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').
 pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("optimizer", ["adafactor", "adamw", "adam"])
+def test_onnx_finetune_jax_trains_with_any_optimizer_and_onnx_runtime_agrees(tmp_path, optimizer):
+    from examples import onnx_finetune_jax
+
+    result = onnx_finetune_jax.main(["--optimizer", optimizer, "--steps", "60", "--out", str(tmp_path)])
+    assert result["accuracy"] > result["accuracy_before"] + 0.3, result
+    assert np.mean(result["losses"][-5:]) < result["losses"][0]
+    pytest.importorskip("onnxruntime")
+    assert result["ort_accuracy"] == result["accuracy"]
+    assert pathlib.Path(result["plot"]).stat().st_size > 0
+
+
+def test_onnx_finetune_jax_is_data_parallel_over_4_devices(tmp_path):
+    """The same script on 4 simulated CPU devices (a child process: XLA reads the flag at start)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS"))}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    env["JAX_PLATFORMS"] = "cpu"
+    result = subprocess.run([sys.executable, "-m", "examples.onnx_finetune_jax", "--steps", "30", "--out",
+                             str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "4 device(s)" in result.stdout, result.stdout
 
 
 def test_onnx_finetune_trains_an_exported_model_and_saves_it(tmp_path):

@@ -1,8 +1,8 @@
 """An exported ONNX model trained data-parallel on 8 simulated CPU devices equals the same training on one.
 
 ``optkit.onnx.to_jax``'s ``apply_fn`` on a 4x2 ``(data, model)`` mesh with the batch sharded over
-``data`` and the parameters replicated, and ``OnnxModule`` in ``nnx.Optimizer`` on a 4x2 ``(data, model)`` mesh with the weight
-matrices sharded along ``model`` by a sharding rule: three jitted steps of ``optkit.adafactor`` and an
+``data`` and the parameters replicated, and ``OnnxModule`` in ``nnx.Optimizer`` on the same mesh
+with the weight matrices sharded along ``model`` by a sharding rule: three jitted steps of ``optkit.adafactor`` and an
 ``optax.adamw`` chain give the one-device parameters (within 1e-5 relative, float32), and the parameters
 keep their shardings. Runs in a child process with 8 devices when the suite has fewer (tests/_devices.py).
 """
