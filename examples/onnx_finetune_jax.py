@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import sys
 import time
 
 import matplotlib
@@ -42,6 +43,10 @@ from tqdm import tqdm  # noqa: E402
 
 import optkit  # noqa: E402
 import optkit.onnx  # noqa: E402
+
+if __package__ in (None, ""):  # run as a file: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from examples.onnx_finetune import DEFAULT_MODEL, any_batch, images  # noqa: E402
 
 

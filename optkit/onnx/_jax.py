@@ -55,13 +55,28 @@ class OnnxFunction:
       param_names: the trainable initializers' names (the keys ``params`` must have).
       model: the checked ``onnx.ModelProto``.
 
-    Raises (at call, while tracing):
-      TypeError: ``params`` not a mapping, a parameter or input of another
-        dtype (integer inputs aside).
+    Raises:
+      TypeError: (at call, while tracing) ``params`` not a mapping, a
+        parameter or input of another dtype (integer inputs aside).
       ValueError: a parameter missing, unknown or of another shape; an input
         missing, unknown or of another shape; a value needed before running (a
         ``Reshape`` shape fed as a graph input) that is traced.
       TensorTooLargeError: a node output above ``max_tensor_bytes``.
+
+    Example:
+      >>> import numpy as np, optkit.onnx
+      >>> from onnx import TensorProto, helper, numpy_helper
+      >>> graph = helper.make_graph(
+      ...     [helper.make_node("Gather", ["table", "ids"], ["rows"])], "embedding",
+      ...     [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N"])],
+      ...     [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 2])],
+      ...     [numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(3, 2), "table")])
+      >>> apply_fn, params = optkit.onnx.to_jax(helper.make_model(graph))
+      >>> apply_fn
+      OnnxFunction(inputs=['ids'], outputs=['rows'], params=1)
+      >>> apply_fn(params, {"ids": np.array([2, 0], np.int32)})  # int32 into the INT64 input
+      Array([[4., 5.],
+             [0., 1.]], dtype=float32)
     """
 
     def __init__(self, loaded: Converted, param_specs: Mapping[str, tuple[tuple[int, ...], np.dtype]],

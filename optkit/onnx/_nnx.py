@@ -16,7 +16,7 @@ __all__ = ["OnnxModule"]
 
 
 class OnnxModule(nnx.Module):
-    """An ONNX model as a ``flax.nnx.Module``: its trainable initializers are ``nnx.Param``s.
+    """An ONNX model as a ``flax.nnx.Module``: its trainable initializers are ``nnx.Param`` variables.
 
     ``module(*inputs)`` runs the model (:class:`~optkit.onnx.OnnxFunction`'s
     rules for inputs and outputs) with the current values of its parameters,
@@ -51,7 +51,6 @@ class OnnxModule(nnx.Module):
     Example:
       >>> import numpy as np, optax, optkit, optkit.onnx
       >>> from flax import nnx
-from flax.core import meta
       >>> from onnx import TensorProto, helper, numpy_helper
       >>> graph = helper.make_graph(
       ...     [helper.make_node("MatMul", ["x", "W"], ["y"])], "linear",
