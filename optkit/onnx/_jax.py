@@ -25,7 +25,7 @@ from optkit.onnx._limits import Limits
 from optkit.onnx._load import load
 from optkit.onnx._operators import nodes_of
 from optkit.onnx._protos import InputInfo
-from optkit.onnx._training_model import select_trainable
+from optkit.onnx._training_model import looks_trainable, select_trainable
 
 __all__ = ["OnnxFunction", "to_jax"]
 
@@ -208,8 +208,9 @@ def to_jax(
       model: a ``ModelProto``, its bytes, a path or a binary file object.
       trainable: the initializer names to train; default what
         :func:`make_training_model` trains (floating-point initializers of
-        rank >= 1 that a node reads, all finite), less those read where a
-        value must be known before running (a ``Resize``'s scales).
+        rank >= 1 that a node reads and that look like weights, not masks),
+        less those read where a value must be known before running (a
+        ``Resize``'s scales).
       frozen: initializer names left out of ``trainable`` (ONNX Runtime's ``frozen_params``).
       outputs: the output names ``apply_fn`` returns: one name (the array),
         a sequence (a tuple); default the model's outputs (the array itself
@@ -253,7 +254,7 @@ def to_jax(
     floating = {name: bool(jnp.issubdtype(np.asarray(v).dtype, jnp.floating)) for name, v in values.items()}
     read = {name for _, node in nodes_of(loaded.model.graph) for name in node.input}
     default = [name for name, v in values.items() if floating[name] and name in read and np.ndim(v)
-               and name not in loaded.static_initializers and np.all(np.isfinite(np.asarray(v)))]
+               and name not in loaded.static_initializers and looks_trainable(v)]
     names = select_trainable(floating, default, trainable, frozen)
     if outputs is None:
         chosen, single = loaded.outputs, len(loaded.outputs) == 1

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from optkit.onnx._ops._values import TRAINING_DOMAIN, normalize_domain
 
-__all__ = ["make_training_model", "select_trainable", "with_initializers"]
+__all__ = ["looks_trainable", "make_training_model", "select_trainable", "with_initializers"]
 
 _LOSSES = ("softmax_cross_entropy", "mean_squared_error", "binary_cross_entropy_with_logits", "l1")
 # optimizer -> (state slots per parameter, the node's defaults for its attributes)
@@ -59,8 +59,9 @@ def make_training_model(
         ``CrossEntropyLoss``, ``MSELoss``, ``L1Loss`` and ``BCEWithLogitsLoss``.
       optimizer: ``"adam"``, ``"adagrad"`` or ``"momentum"``.
       trainable: the initializer names to train; default every floating-point initializer of
-        rank >= 1 that a node reads and that holds only finite values (exporters' scalar constants
-        and attention masks of -inf stay fixed). Integer initializers are never trainable.
+        rank >= 1 that a node reads and that looks like weights: finite, no magnitude whose square
+        overflows the dtype (exporters' scalar constants and attention masks of -inf or of the
+        dtype's lowest value stay fixed). Integer initializers are never trainable.
       frozen: initializer names left out of ``trainable`` (ONNX Runtime's ``frozen_params``).
       output: the graph output the loss is taken of; default the first.
       optimizer_attributes: the optimizer node's attributes (``alpha``, ``beta``, ``epsilon``,
@@ -112,7 +113,7 @@ def make_training_model(
     floats = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
     floating = {n: i.data_type in floats for n, i in initializers.items()}
     default = [n for n, i in initializers.items() if floating[n] and n in read and len(i.dims)
-               and i.data_location != onnx.TensorProto.EXTERNAL and np.all(np.isfinite(numpy_helper.to_array(i)))]
+               and i.data_location != onnx.TensorProto.EXTERNAL and looks_trainable(numpy_helper.to_array(i))]
     trainable = select_trainable(floating, default, trainable, frozen)
     slots, defaults = _OPTIMIZERS[optimizer]
     target = "labels" if loss == "softmax_cross_entropy" else "target"
@@ -199,6 +200,16 @@ def _loss(loss: str, output: str, target: str, elem: int, out_dims: list) -> tup
                  node("Softplus", ["loss.negative"], ["loss.softplus"], name="loss.softplus"),
                  node("Add", ["loss.difference", "loss.softplus"], ["loss.terms"], name="loss.terms")]
     return target_info, [*terms, node("ReduceMean", ["loss.terms"], ["loss"], keepdims=0, name="loss")]
+
+
+def looks_trainable(value: np.ndarray) -> bool:
+    """Whether a floating initializer holds weights rather than a mask: finite, and no magnitude whose square
+    overflows its dtype (exporters write attention masks as -inf or as the dtype's lowest value, -3.4e38 in
+    float32; training one makes the step's statistics overflow)."""
+    value = np.asarray(value)
+    if not np.all(np.isfinite(value)):
+        return False
+    return value.size == 0 or float(np.max(np.abs(value.astype(np.float64)))) < float(np.finfo(value.dtype).max) ** 0.5
 
 
 def select_trainable(floating: Mapping[str, bool], default: Sequence[str], trainable: Sequence[str] | None,
