@@ -44,6 +44,16 @@ def _i64(*values):
     return np.array(values, np.int64)
 
 
+def _body(inputs, nodes, outputs, initializers=None):
+    """A sub-graph: ``inputs`` as (name, dtype, shape), ``nodes`` as (op, inputs, output), ``outputs`` as
+    (name, shape[, dtype]) (float64 unless given), ``initializers`` by name."""
+    return helper.make_graph(
+        [helper.make_node(op, ins, [out]) for op, ins, out in nodes], "body",
+        [_info(n, d, s) for n, d, s in inputs],
+        [_info(o[0], o[2] if len(o) > 2 else np.float64, o[1]) for o in outputs],
+        initializer=[numpy_helper.from_array(v, k) for k, v in (initializers or {}).items()])
+
+
 # name, op, differentiated inputs (name -> float64 value), constant inputs (name -> value, or "" for
 # an absent optional input; in the node's input order after the differentiated ones, or before
 # them when the name starts with "_"), attributes, outputs, opset
@@ -163,13 +173,38 @@ CASES = [
     ("LSTM", "LSTM", {"x": _x(3, 2, 2), "w": _x(1, 8, 2), "r": _x(1, 8, 2), "b": _x(1, 16)},
      {"lens": np.array([2, 3], np.int32), "h0": _x(1, 2, 2), "c0": _x(1, 2, 2), "p": _x(1, 6)},
      {"hidden_size": 2}, 3, 17),
+    ("If", "If", {"outer_x": _x(2, 3)}, {"_c": np.array(False)},
+     {"then_branch": _body([], [("Identity", ["outer_x"], "y")], [("y", [2, 3])]),
+      "else_branch": _body([], [("Sin", ["outer_x"], "s"), ("Mul", ["s", "outer_x"], "y")], [("y", [2, 3])])},
+     1, 17),
+    ("Loop", "Loop", {"v": _x(2, 3), "outer_a": _x(3)}, {"_M": np.array(3, np.int64), "_cond": ""},
+     {"body": _body([("i", np.int64, []), ("c", np.bool_, []), ("v_in", np.float64, [2, 3])],
+                    [("Identity", ["c"], "c_out"), ("Sin", ["v_in"], "s"), ("Mul", ["s", "outer_a"], "v_out"),
+                     ("Tanh", ["v_out"], "y")],
+                    [("c_out", [], np.bool_), ("v_out", [2, 3]), ("y", [2, 3])]),
+      "_output_shapes": [[2, 3], None]}, 2, 17),
+    ("Loop-until", "Loop", {"v": _x(3) + 2.0}, {"_M": np.array(6, np.int64), "_cond": np.array(True)},
+     {"body": _body([("i", np.int64, []), ("c", np.bool_, []), ("v_in", np.float64, [3])],
+                    [("Mul", ["v_in", "half"], "v_out"), ("ReduceSum", ["v_out"], "total"),
+                     ("Greater", ["total", "one"], "c_out")],
+                    [("c_out", [], np.bool_), ("v_out", [3])],
+                    {"half": np.array(0.5), "one": np.array(1.0)}), "_output_shapes": [[3]]}, 1, 17),
+    ("Scan", "Scan", {"state": _x(3), "xs": _x(3, 4)}, {},
+     {"body": _body([("s", np.float64, [3]), ("x", np.float64, [3])],
+                    [("Mul", ["s", "x"], "p"), ("Sin", ["x"], "q"), ("Add", ["p", "q"], "s_out"),
+                     ("Tanh", ["s_out"], "y")], [("s_out", [3]), ("y", [3])]),
+      "num_scan_inputs": 1, "scan_input_axes": [1], "scan_input_directions": [1], "scan_output_axes": [1]},
+     2, 17),
 ]
 
 
 def _loss_model(op, diff, const, attrs, n_out, opset, weights=None):
-    """The op's node and the weighted sum of its outputs; returns the model and the output names."""
+    """The op's node and the weighted sum of its outputs; returns the model and the output names. A
+    differentiated input named ``outer_*`` is a graph input the node's sub-graphs read, not a node input."""
+    attrs = dict(attrs)
+    shapes = attrs.pop("_output_shapes", None)  # outputs' shapes where shape inference cannot give them
     first = [n for n in const if n.startswith("_")]  # a constant the node takes first (Where's condition)
-    names = first + list(diff) + [n for n in const if n not in first]
+    names = first + [n for n in diff if not n.startswith("outer_")] + [n for n in const if n not in first]
     outs = [f"out{k}" for k in range(n_out)]
     nodes = [helper.make_node(op, names, outs, **attrs)]
     inits = [numpy_helper.from_array(np.asarray(v), n) for n, v in const.items() if not isinstance(v, str)]
@@ -181,7 +216,11 @@ def _loss_model(op, diff, const, attrs, n_out, opset, weights=None):
         graph = helper.make_graph(nodes, "g", inputs, [helper.make_value_info(o, onnx.TypeProto()) for o in outs],
                                   initializer=inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-        return onnx.shape_inference.infer_shapes(model)
+        model = onnx.shape_inference.infer_shapes(model)
+        for out, shape in zip(model.graph.output, shapes or []):  # what inference leaves unknown (a Loop's)
+            if shape is not None and not out.type.tensor_type.HasField("shape"):
+                out.CopyFrom(_info(out.name, np.float64, shape))
+        return model
     terms = []
     for k, (o, w) in enumerate(zip(outs, weights)):
         inits.append(numpy_helper.from_array(w, f"C{k}"))

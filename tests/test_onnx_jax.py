@@ -230,7 +230,6 @@ def test_bad_calls_are_refused_naming_the_argument(call, error, match):
 
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(trainable=["nope"]), ValueError, "trainable name 'nope' is not an initializer"),
-    (dict(frozen=["W", "b"]), ValueError, "no floating-point initializer to train"),
     (dict(trainable="W"), TypeError, "trainable must be a sequence of initializer names"),
     (dict(outputs=["y", "w"]), ValueError, r"outputs \['w'\] are not graph outputs"),
 ])

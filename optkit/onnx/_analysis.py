@@ -100,5 +100,19 @@ def static_inputs(nodes: Sequence[onnx.NodeProto], specs: Mapping[int, OpSpec], 
     producer = {name: index for name, index in _producers(nodes).items()
                 if not (specs[index].static_outputs or specs[index].op_type == "Gradient")}
     budget.where = "the graph's static inputs"
-    _, leaves = walk_back(slots, (), producer, lambda p: [i for i in nodes[p].input if i], budget)
+    _, leaves = walk_back(slots, (), producer, lambda p: [i for i in nodes[p].input if i] + _read_inside(nodes[p]),
+                          budget)
     return frozenset(leaves) & inputs
+
+
+def _read_inside(node: onnx.NodeProto) -> list[str]:
+    """The names a node's sub-graphs (If branches, Loop and Scan bodies, nested) read: an If's output is
+    static when what its branch reads is."""
+    graphs = [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
+    names: list[str] = []
+    while graphs:
+        g = graphs.pop()
+        for inner in g.node:
+            names += [i for i in inner.input if i]
+            graphs += [a.g for a in inner.attribute if a.HasField("g")] + [x for a in inner.attribute for x in a.graphs]
+    return names

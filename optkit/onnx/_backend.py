@@ -24,6 +24,7 @@ from onnx import helper
 from optkit import Graph
 from optkit._src.graph.names import check_feed
 from optkit.onnx._convert import Converted
+from optkit.onnx._errors import ValueDependentError
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits, jax_device
 from optkit.onnx._load import load
@@ -225,7 +226,10 @@ class BackendRep(onnx.backend.base.BackendRep):
                 values = [jnp.asarray(v) for v in values]
                 signature = (id(fn), tuple((v.shape, v.dtype) for v in values))
                 if signature not in self._checked:
-                    jax.eval_shape(fn, *values)  # trace the whole graph before running any op
+                    try:
+                        jax.eval_shape(fn, *values)  # trace the whole graph before running any op
+                    except ValueDependentError:
+                        pass  # shapes known only from values (a Loop): its op-by-op run checks them as it goes
                     self._checked.add(signature)
             # jax.jit moves NumPy values to the (default) device itself, fastest.
             results = fn(*values)

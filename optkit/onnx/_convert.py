@@ -71,6 +71,7 @@ class Scope:
     limits: Limits
     budget: StepBudget
     outer: frozenset[str] = frozenset()
+    subgraph: bool = False
 
 
 def convert(model: onnx.ModelProto, operators: Operators, limits: Limits) -> Converted:
@@ -82,12 +83,12 @@ def convert(model: onnx.ModelProto, operators: Operators, limits: Limits) -> Con
 def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     """One graph (the model's or a sub-graph) as a :class:`Converted`; see :func:`optkit.onnx.to_graph`."""
     limit = scope.limits.max_tensor_bytes
-    declared = decode_graph(g, limit)
+    declared = decode_graph(g, limit, subgraph=scope.subgraph)
     defined = {info.name for info in declared.inputs} | set(declared.initializers)
     defined |= {out for node in g.node for out in node.output if out}
     read = [name for node in g.node for name in node.input if name and name not in defined]
     captured = [name for name in dict.fromkeys(read) if name in scope.outer]
-    inner = dataclasses.replace(scope, outer=scope.outer | defined)
+    inner = dataclasses.replace(scope, outer=scope.outer | defined, subgraph=True)
 
     graph = Graph()
     for info in declared.inputs:
@@ -98,7 +99,7 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     specs: dict[int, OpSpec] = {}
     for index, node in enumerate(g.node):
         specs[index], node_captures = _add_node(graph, node, index, inner)
-        captured += [c for c in node_captures if c not in defined and c not in captured]
+        captured += [c for c in dict.fromkeys(node_captures) if c not in defined and c not in captured]
     for name in captured:
         graph.add_input(name)
     graph.outputs = declared.outputs

@@ -22,3 +22,9 @@ class TensorTooLargeError(ValueError, MemoryError):
     ``ValueError`` (a model optkit does not run) and a ``MemoryError`` (what
     ``onnx.reference`` raises for such a graph).
     """
+
+
+class ValueDependentError(ValueError):
+    """A node whose output shapes depend on input values (a ``Loop``'s scan outputs when its condition is
+    computed), traced: it runs only op by op on concrete values (``prepare(..., jit=False)``), where
+    :class:`~optkit.onnx.BackendRep` then skips its abstract pass. Not exported: a ``ValueError`` to callers."""

@@ -223,7 +223,8 @@ def to_jax(
     Raises:
       ValueError, TypeError, TensorTooLargeError, UnsupportedOpError: as
         :func:`prepare`; a ``trainable``, ``frozen`` or ``outputs`` name the
-        model does not have, a non-float initializer to train, nothing to train.
+        model does not have, a non-float initializer to train. (A model with
+        nothing to train gives an empty ``params``: inference.)
 
     Source: the ONNX IR (initializers, graph inputs); ``jaxonnxruntime``'s
     ``call_onnx_model`` and ``onnx2torch`` give the same shape of result for
@@ -255,7 +256,7 @@ def to_jax(
     read = {name for _, node in nodes_of(loaded.model.graph) for name in node.input}
     default = [name for name, v in values.items() if floating[name] and name in read and np.ndim(v)
                and name not in loaded.static_initializers and looks_trainable(v)]
-    names = select_trainable(floating, default, trainable, frozen)
+    names = select_trainable(floating, default, trainable, frozen, allow_empty=True)
     if outputs is None:
         chosen, single = loaded.outputs, len(loaded.outputs) == 1
     else:

@@ -40,7 +40,7 @@ class InputInfo:
     """
 
     name: str
-    dtype: np.dtype
+    dtype: np.dtype | None
     shape: tuple[int | str | None, ...] | None
     has_default: bool
 
@@ -64,8 +64,11 @@ class Declared:
     outputs: tuple[str, ...]
 
 
-def decode_graph(graph: onnx.GraphProto, max_tensor_bytes: int) -> Declared:
+def decode_graph(graph: onnx.GraphProto, max_tensor_bytes: int, *, subgraph: bool = False) -> Declared:
     """The initializers, inputs and outputs ``graph`` declares, every declared shape checked.
+
+    A sub-graph's (``subgraph``) input may leave out its type (ONNX lets a body's inputs be typed by the
+    node that feeds them): its dtype and shape are then None.
 
     Raises:
       ValueError: a declared negative dimension; a sparse initializer whose
@@ -79,7 +82,7 @@ def decode_graph(graph: onnx.GraphProto, max_tensor_bytes: int) -> Declared:
         initializers[tensor.name] = tensor_value(tensor, f"initializer {tensor.name!r}")
     for sparse in graph.sparse_initializer:
         initializers[sparse.values.name] = _densify(sparse)
-    inputs = tuple(_input_info(vi, vi.name in initializers, max_tensor_bytes) for vi in graph.input)
+    inputs = tuple(_input_info(vi, vi.name in initializers, max_tensor_bytes, subgraph) for vi in graph.input)
     for vi in graph.output:
         _check_declared_shape(vi, "graph output", max_tensor_bytes)
     for vi in graph.value_info:
@@ -102,8 +105,10 @@ def _check_declared_shape(value_info: onnx.ValueInfoProto, what: str, limit: int
     check_size(tuple(fixed), dtype, f"{what} {value_info.name!r}", limit)
 
 
-def _input_info(value_info: onnx.ValueInfoProto, has_default: bool, limit: int) -> InputInfo:
+def _input_info(value_info: onnx.ValueInfoProto, has_default: bool, limit: int, subgraph: bool) -> InputInfo:
     kind = value_info.type.WhichOneof("value")
+    if kind is None and subgraph:  # a body's input may leave its type to the node that feeds it
+        return InputInfo(value_info.name, None, None, has_default)
     if kind != "tensor_type":
         raise UnsupportedOpError(f"graph input {value_info.name!r} has type {kind or 'undefined'}; "
                                  f"optkit runs tensors only (not sequences, maps or optionals)")

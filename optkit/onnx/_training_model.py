@@ -213,7 +213,7 @@ def looks_trainable(value: np.ndarray) -> bool:
 
 
 def select_trainable(floating: Mapping[str, bool], default: Sequence[str], trainable: Sequence[str] | None,
-                     frozen: Sequence[str] = ()) -> list[str]:
+                     frozen: Sequence[str] = (), allow_empty: bool = False) -> list[str]:
     """The initializers to train: those named in ``trainable`` (each checked), or ``default``; less ``frozen``.
 
     Args:
@@ -222,7 +222,8 @@ def select_trainable(floating: Mapping[str, bool], default: Sequence[str], train
 
     Raises:
       TypeError: ``trainable`` or ``frozen`` not a sequence of names.
-      ValueError: a name that is not an initializer, a non-float one to train, or nothing left to train.
+      ValueError: a name that is not an initializer, a non-float one to train, or nothing left to train
+        (unless ``allow_empty``).
     """
     for what, names in (("trainable", trainable), ("frozen", frozen)):
         if isinstance(names, (str, bytes)) or (names is not None and not isinstance(names, Sequence | set)):
@@ -234,7 +235,7 @@ def select_trainable(floating: Mapping[str, bool], default: Sequence[str], train
     for name in chosen:
         if not floating[name]:
             raise ValueError(f"initializer {name!r} is not floating-point and cannot be trained")
-    if not chosen:
+    if not chosen and not allow_empty:
         raise ValueError("the model has no floating-point initializer to train")
     return chosen
 

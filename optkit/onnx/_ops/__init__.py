@@ -16,8 +16,10 @@ Where an operator goes: its family module, by what it does:
 - :mod:`~optkit.onnx._ops.training`: ``ai.onnx.preview.training``: Gradient,
   Adagrad, Adam, Momentum.
 
-Control flow (``If``, ``Loop``, ``Scan``) is not in the table yet, so it is
-refused at load time. Each module registers its builders with one form, the
+- :mod:`~optkit.onnx._ops.control`: ``If``, ``Loop``, ``Scan`` (bodies converted
+  by the model's own converter).
+
+Each module registers its builders with one form, the
 decorator ``@OPS.op(op_type, *since_versions, params=..., static_inputs=...)``
 (:class:`~optkit.onnx._ops._registry.Family`); :data:`TABLE` is assembled here
 explicitly, so importing a family module changes nothing elsewhere. The docs'
@@ -26,13 +28,13 @@ ONNX page, "Adding an operator", says how versions and tests are declared.
 
 from __future__ import annotations
 
-from optkit.onnx._ops import elementwise, loss, nn, normalization, recurrent, reduce, shape, training
+from optkit.onnx._ops import control, elementwise, loss, nn, normalization, recurrent, reduce, shape, training
 from optkit.onnx._ops._registry import OpTable
 
 __all__ = ["TABLE", "supported_ops"]
 
 TABLE = OpTable(elementwise.OPS, nn.OPS, normalization.OPS, recurrent.OPS, shape.OPS, reduce.OPS, loss.OPS,
-                training.OPS)
+                training.OPS, control.OPS)
 
 
 def supported_ops() -> list[tuple[str, str, int]]:

@@ -1,0 +1,346 @@
+"""Control flow: ``If``, ``Loop`` and ``Scan``, their bodies converted by the model's own converter.
+
+Each body (a sub-graph attribute) is converted once at load time by
+:meth:`~optkit.onnx._ops._registry.NodeContext.convert_subgraph`: the same
+pipeline as the model's graph, the enclosing graphs' names visible (the node
+gets their values as ``captured``), the same bounds. How each runs:
+
+- ``If``: the branch its condition picks when the condition is known before
+  running (folded at load time when everything is); ``lax.cond`` otherwise,
+  whose branches must give the same shapes and dtypes.
+- ``Scan``: ``lax.scan`` over the scan axis (any axis, either direction);
+  differentiable.
+- ``Loop``: run op by op in Python when every value is concrete (a graph run
+  with ``jit=False``: every ONNX semantics, values whose shape changes per
+  iteration and data-dependent lengths included). Traced: ``lax.scan`` when
+  the trip count is known and the condition is constant-true (scan outputs
+  stacked; differentiable); a scan that stops updating once the condition is
+  false when the trip count is known and at most :data:`MASKED_SCAN_MAX`
+  (differentiable, no scan outputs); ``lax.while_loop`` otherwise (no scan
+  outputs; forward only: a gradient through it is refused, naming the node).
+
+Bounds: a constant-true ``Loop`` runs at most :data:`MAX_TRIP_COUNT`
+iterations (more is refused at load or trace time, naming the node), and
+stacked scan outputs are held to ``max_tensor_bytes`` before they are made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from optkit.onnx._errors import ValueDependentError
+from optkit.onnx._ops._registry import Family
+from optkit.onnx._ops._values import as_static
+
+OPS = Family("control")
+
+MAX_TRIP_COUNT = 10**7  # iterations of a Loop whose condition cannot stop it
+MASKED_SCAN_MAX = 4096  # a known trip count up to this runs as a differentiable masked scan
+
+
+def _body_runner(body, captured: dict[str, Any] | None):
+    """``run(*inputs) -> tuple of outputs`` of a converted body, its enclosing names fed from ``captured``."""
+    names = [info.name for info in body.inputs]
+    outer = {name: (captured or {})[name] for name in body.captures}
+
+    def run(*values):
+        feeds = {**outer, **dict(zip(names, values))}
+        result = body.graph.evaluate(feeds, list(body.outputs), check_feeds=False)
+        return tuple(result[name] for name in body.outputs)
+
+    return run
+
+
+def _concrete(values) -> bool:
+    return all(v is None or as_static(v) is not None for v in values)
+
+
+def _single(outputs: tuple) -> Any:
+    return outputs[0] if len(outputs) == 1 else outputs
+
+
+# ----------------------------------------------------------------------------- If
+
+
+@OPS.op("If", 1, 11, 13, 16, 19, 21, 23, 24, 25)
+def _if(ctx):
+    then_body, else_body = ctx.convert_subgraph("then_branch"), ctx.convert_subgraph("else_branch")
+    if len(then_body.outputs) != len(else_body.outputs):
+        raise ctx.error(f"then_branch has {len(then_body.outputs)} outputs but else_branch "
+                        f"{len(else_body.outputs)}")
+    if len(then_body.outputs) != len(ctx.outputs):
+        raise ctx.error(f"the branches have {len(then_body.outputs)} outputs, the node {len(ctx.outputs)}")
+
+    def if_(cond, captured=None):
+        run_then, run_else = _body_runner(then_body, captured), _body_runner(else_body, captured)
+        if np.size(cond) != 1:
+            raise ctx.error(f"the condition must hold one element, got shape {np.shape(cond)}")
+        known = as_static(cond)
+        if known is not None:
+            return _single(run_then() if bool(known.reshape(-1)[0]) else run_else())
+        try:
+            out = lax.cond(jnp.reshape(cond, ()).astype(bool), lambda: tuple(map(jnp.asarray, run_then())),
+                           lambda: tuple(map(jnp.asarray, run_else())))
+        except TypeError as err:
+            raise ValueDependentError(ctx.message(
+                f"its condition is computed while running, so both branches must give the same shapes and dtypes "
+                f"(lax.cond), but they differ (run the model op by op, prepare(..., jit=False)): "
+                f"{err}")) from None
+        return _single(out)
+
+    return if_
+
+
+# ----------------------------------------------------------------------------- Scan
+
+
+def _scan_attrs(ctx, n_scan_inputs: int, n_scan_outputs: int):
+    def listed(name, count):
+        values = list(ctx.attrs.get(name) or [0] * count)
+        if len(values) != count:
+            raise ctx.error(f"{name} has {len(values)} entries for {count} scan tensors")
+        return [int(v) for v in values]
+
+    return (listed("scan_input_axes", n_scan_inputs), listed("scan_input_directions", n_scan_inputs),
+            listed("scan_output_axes", n_scan_outputs), listed("scan_output_directions", n_scan_outputs))
+
+
+def _scan_core(ctx, run, states, scans, in_axes, in_dirs, out_axes, out_dirs, n_out_scans):
+    """ONNX Scan (version 9 on) over ``scans`` (axes and directions per tensor), ``run`` the body."""
+    moved = []
+    for x, axis, direction in zip(scans, in_axes, in_dirs):
+        x = jnp.asarray(x)
+        a = axis % x.ndim if -x.ndim <= axis < x.ndim else None
+        if a is None:
+            raise ctx.error(f"scan_input_axes entry {axis} is out of range for a scan input of rank {x.ndim}")
+        x = jnp.moveaxis(x, a, 0)
+        moved.append(jnp.flip(x, 0) if direction else x)
+    lengths = {x.shape[0] for x in moved}
+    if len(lengths) != 1:
+        raise ctx.error(f"the scan inputs have different lengths {sorted(lengths)} along their scan axes")
+    length = lengths.pop()
+    init = tuple(jnp.asarray(s) for s in states)
+
+    def step(carry, xs):
+        out = run(*carry, *xs)
+        new = tuple(jnp.asarray(o).astype(c.dtype) for o, c in zip(out[:len(carry)], carry))
+        for value, old, name in zip(new, carry, ctx.outputs):
+            if value.shape != old.shape:
+                raise ctx.error(f"state {name!r} changes shape from {old.shape} to {value.shape} in the body")
+        return new, tuple(jnp.asarray(o) for o in out[len(carry):])
+
+    shapes = jax.eval_shape(step, init, tuple(x[0] for x in moved))[1]
+    for shape, name in zip(shapes, ctx.outputs[len(init):]):
+        ctx.check_size((length, *shape.shape), shape.dtype, f"scan output {name!r}")
+    final, stacked = lax.scan(step, init, tuple(moved), length=length)
+    outs = []
+    for y, axis, direction in zip(stacked, out_axes, out_dirs):
+        y = jnp.flip(y, 0) if direction else y
+        rank = y.ndim
+        if not -rank <= axis < rank:
+            raise ctx.error(f"scan_output_axes entry {axis} is out of range for a scan output of rank {rank}")
+        outs.append(jnp.moveaxis(y, 0, axis % rank))
+    return (*final, *outs)
+
+
+@OPS.op("Scan", 9, 11, 16, 19, 21, 23, 24, 25)
+def _scan(ctx):
+    body = ctx.convert_subgraph("body")
+    m = int(ctx.attrs.get("num_scan_inputs", 0))
+    n = len(body.inputs) - m
+    if m < 1 or n < 0 or len(ctx.inputs) != n + m:
+        raise ctx.error(f"num_scan_inputs={m} does not fit a body of {len(body.inputs)} inputs and a node of "
+                        f"{len(ctx.inputs)}")
+    k = len(body.outputs) - n
+    attrs = _scan_attrs(ctx, m, k)
+
+    def scan(*values, captured=None):
+        run = _body_runner(body, captured)
+        return _single(_scan_core(ctx, run, values[:n], values[n:], *attrs, k))
+
+    return scan
+
+
+@OPS.op("Scan", 8)
+def _scan8(ctx):
+    """Version 8: a leading batch axis on every state and scan input, the scan axis next; no per-tensor axes."""
+    body = ctx.convert_subgraph("body")
+    m = int(ctx.attrs.get("num_scan_inputs", 0))
+    n = len(body.inputs) - m
+    k = len(body.outputs) - n
+    directions = list(ctx.attrs.get("directions") or [0] * m)
+
+    def scan(sequence_lens, *values, captured=None):
+        if sequence_lens is not None:
+            raise ctx.unsupported("Scan-8's sequence_lens is not supported; leave it empty")
+        run = _body_runner(body, captured)
+
+        def one(states, scans):
+            return _scan_core(ctx, run, states, scans, [0] * m, directions, [0] * k, [0] * k, k)
+
+        return _single(jax.vmap(one)(tuple(values[:n]), tuple(values[n:])))
+
+    return scan
+
+
+# ----------------------------------------------------------------------------- Loop
+
+
+@OPS.op("Loop", 1, 11, 13, 16, 19, 21, 23, 24, 25)
+def _loop(ctx):
+    body = ctx.convert_subgraph("body")
+    n = len(body.inputs) - 2
+    if n < 0 or len(body.outputs) < 1 + n:
+        raise ctx.error(f"the body must take (iteration_num, condition, {max(n, 0)} loop-carried values) and give "
+                        f"(condition, the loop-carried values, scan outputs); it has {len(body.inputs)} inputs "
+                        f"and {len(body.outputs)} outputs")
+    k = len(body.outputs) - 1 - n
+
+    def loop(trip_count, cond, *values, captured=None):
+        run = _body_runner(body, captured)
+        trip = as_static(trip_count)
+        trip = None if trip is None else int(np.reshape(trip, -1)[0])
+        if trip is not None and trip < 0:
+            trip = 0
+        if _concrete([trip_count, cond, *values, *(captured or {}).values()]):
+            return _loop_eagerly(ctx, run, trip, cond, values, n, k)
+        return _loop_traced(ctx, body, captured, trip, trip_count, cond, values, n, k)
+
+    return loop
+
+
+def _loop_eagerly(ctx, run, trip, cond, values, n, k):
+    """Every value concrete: ONNX's loop, op by op (shapes may change, scan outputs of any length)."""
+    keep_going = True if cond is None else bool(np.reshape(as_static(cond), -1)[0])
+    if trip is None and cond is None:
+        raise ctx.error("neither a trip count nor a condition is given: the loop would never stop")
+    carried, stacked, i = list(values), [[] for _ in range(k)], 0
+    while keep_going and (trip is None or i < trip):
+        if i >= MAX_TRIP_COUNT:
+            raise ctx.error(f"the loop runs more than {MAX_TRIP_COUNT} iterations")
+        out = run(np.asarray(i, np.int64), np.asarray(keep_going), *carried)
+        keep_going = bool(np.reshape(np.asarray(out[0]), -1)[0])
+        carried = list(out[1:1 + n])
+        for j, y in enumerate(out[1 + n:]):
+            stacked[j].append(jnp.asarray(y))
+            if j == 0:
+                ctx.check_size((len(stacked[j]), *np.shape(y)), jnp.result_type(y), "a scan output")
+        i += 1
+    scans = []
+    for j, ys in enumerate(stacked):
+        if ys:
+            scans.append(jnp.stack(ys))
+        else:  # no iteration: an empty stack of the body's output shape
+            shape = jax.eval_shape(lambda *v, j=j: run(np.asarray(0, np.int64), np.asarray(True), *v)[1 + n + j],
+                                   *carried)
+            scans.append(jnp.zeros((0, *shape.shape), shape.dtype))
+    return _single((*carried, *scans))
+
+
+def _constant_true_condition(run, n, values) -> bool:
+    """Whether the body's condition output is True whatever its inputs (a NumPy True when they are traced)."""
+    found = []
+
+    def probe(i, c, *v):
+        out = run(i, c, *v)
+        found.append(as_static(out[0]) if not isinstance(out[0], jax.core.Tracer) else None)
+        return ()
+
+    # The condition fed to an iteration is the one the last gave: True throughout a constant-true loop.
+    jax.make_jaxpr(lambda i, *v: probe(i, np.asarray(True), *v))(jnp.zeros((), jnp.int64),
+                                                                   *(jnp.asarray(v) for v in values))
+    return found[0] is not None and bool(np.all(found[0]))
+
+
+def _loop_traced(ctx, body, captured, trip, trip_count, cond, values, n, k):
+    run = _body_runner(body, captured)
+    init = tuple(jnp.asarray(v) for v in values)
+    outer_true = cond is None or (as_static(cond) is not None and bool(np.reshape(as_static(cond), -1)[0]))
+    if cond is not None and as_static(cond) is not None and not outer_true:
+        trip = 0
+    constant = outer_true and _constant_true_condition(run, n, init)
+
+    def fixed(out, carry):
+        new = tuple(jnp.asarray(o).astype(c.dtype) for o, c in zip(out, carry))
+        for value, old, name in zip(new, carry, ctx.outputs):
+            if value.shape != old.shape:
+                raise ctx.error(f"loop-carried value {name!r} changes shape from {old.shape} to {value.shape}: "
+                                f"run the model op by op (prepare(..., jit=False)) outside jax.jit")
+        return new
+
+    if trip is not None and constant:
+        if trip > MAX_TRIP_COUNT:
+            raise ctx.error(f"a trip count of {trip} is more than optkit.onnx runs ({MAX_TRIP_COUNT})")
+
+        def step(carry, i):
+            out = run(i, np.asarray(True), *carry)
+            return fixed(out[1:1 + n], carry), tuple(jnp.asarray(y) for y in out[1 + n:])
+
+        shapes = jax.eval_shape(step, init, jnp.zeros((), jnp.int64))[1]
+        for shape, name in zip(shapes, ctx.outputs[n:]):
+            ctx.check_size((trip, *shape.shape), shape.dtype, f"scan output {name!r}")
+        final, stacked = lax.scan(step, init, jnp.arange(trip, dtype=jnp.int64), length=trip)
+        return _single((*final, *stacked))
+    if k:
+        raise ValueDependentError(ctx.message(
+            "its scan outputs have a length that depends on values (the condition is computed while running): "
+            "run the model op by op (prepare(..., jit=False)) outside jax.jit"))
+    c0 = jnp.ones((), bool) if cond is None else jnp.reshape(jnp.asarray(cond), ()).astype(bool)
+    if trip is not None and trip <= MASKED_SCAN_MAX:
+        def masked(state, i):
+            going, carry = state
+            out = run(i, going, *carry)
+            new = fixed(out[1:1 + n], carry)
+            kept = tuple(jnp.where(going, a, b) for a, b in zip(new, carry))
+            return (jnp.logical_and(going, jnp.reshape(out[0], ()).astype(bool)), kept), ()
+
+        (_, final), _ = lax.scan(masked, (c0, init), jnp.arange(trip, dtype=jnp.int64), length=trip)
+        return _single(final)
+    limit = None if trip_count is None else jnp.reshape(jnp.asarray(trip_count), ()).astype(jnp.int64)
+    return _single(_while(ctx, body, captured, n, limit, c0, init))
+
+
+def _while(ctx, body, captured, n, limit, c0, init):
+    """``lax.while_loop`` over ``(i, condition, carried)``; a gradient through it is refused, naming the node.
+
+    Everything traced reaches the ``custom_vjp`` as an argument (it may not close over tracers); NumPy
+    values (static ones a body's ``Reshape`` reads) stay closed over.
+    """
+    captured = dict(captured or {})
+    static = {k: v for k, v in captured.items() if as_static(v) is not None and not isinstance(v, jax.Array)}
+    traced_names = tuple(k for k in captured if k not in static)
+
+    def forward(limit, c0, init, traced):
+        run = _body_runner(body, {**static, **dict(zip(traced_names, traced))})
+
+        def keep_going(state):
+            i, going, _ = state
+            return going if limit is None else jnp.logical_and(going, i < limit)
+
+        def step(state):
+            i, going, carry = state
+            out = run(i, going, *carry)
+            new = tuple(jnp.asarray(o).astype(c.dtype) for o, c in zip(out[1:1 + n], carry))
+            return i + 1, jnp.reshape(out[0], ()).astype(bool), new
+
+        return lax.while_loop(keep_going, step, (jnp.zeros((), jnp.int64), c0, init))[2]
+
+    @jax.custom_vjp
+    def guarded(limit, c0, init, traced):
+        return forward(limit, c0, init, traced)
+
+    def fwd(limit, c0, init, traced):
+        return guarded(limit, c0, init, traced), None
+
+    def bwd(_, g):
+        raise ctx.error("a gradient through this Loop is not defined here: its condition is computed while "
+                        "running and its trip count is unknown or above "
+                        f"{MASKED_SCAN_MAX} (lax.while_loop is forward-only)")
+
+    guarded.defvjp(fwd, bwd)
+    return guarded(limit, c0, init, tuple(jnp.asarray(captured[k]) for k in traced_names))
