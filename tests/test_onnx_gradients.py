@@ -173,6 +173,11 @@ CASES = [
     ("LSTM", "LSTM", {"x": _x(3, 2, 2), "w": _x(1, 8, 2), "r": _x(1, 8, 2), "b": _x(1, 16)},
      {"lens": np.array([2, 3], np.int32), "h0": _x(1, 2, 2), "c0": _x(1, 2, 2), "p": _x(1, 6)},
      {"hidden_size": 2}, 3, 17),
+    ("RMSNormalization", "RMSNormalization", {"x": _x(2, 3, 4), "scale": _x(4)}, {},
+     {"epsilon": 1e-3, "stash_type": 11}, 1, 23),
+    ("RotaryEmbedding", "RotaryEmbedding", {"x": _x(2, 3, 8), "cos": _x(2, 3, 2), "sin": _x(2, 3, 2)}, {},
+     {"num_heads": 2, "rotary_embedding_dim": 4, "interleaved": 1}, 1, 23),
+    ("CumProd", "CumProd", {"x": _pos(2, 4)}, {"axis": np.array(1, np.int64)}, {"exclusive": 1, "reverse": 1}, 1, 26),
     ("If", "If", {"outer_x": _x(2, 3)}, {"_c": np.array(False)},
      {"then_branch": _body([], [("Identity", ["outer_x"], "y")], [("y", [2, 3])]),
       "else_branch": _body([], [("Sin", ["outer_x"], "s"), ("Mul", ["s", "outer_x"], "y")], [("y", [2, 3])])},
@@ -269,7 +274,9 @@ def test_every_differentiable_operator_is_checked():
         # comparisons, logic, integer and index results, shapes, casts: no gradient to check
         "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Not", "Xor", "IsNaN",
         "IsInf", "Shape", "Size", "Constant", "ConstantOfShape", "Range", "ArgMax", "ArgMin", "Cast",
-        "CastLike", "Floor", "Ceil", "Round", "Sign", "Mod",
+        "CastLike", "Floor", "Ceil", "Round", "Sign", "Mod", "BitShift",
+        # integer outputs; a QDQ pair's straight-through gradient is tests/test_onnx_quantized.py's
+        "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
     }
     checked = {c[1] for c in CASES}
     table = {op for domain, op, _ in optkit.onnx.supported_ops() if domain == ""}

@@ -448,3 +448,18 @@ def test_batch_normalization_9_and_negative_pads(jit):
                         initializers=[("p", _i64(1, 0, -1, 0, 1, 2))])
     (got,) = optkit.onnx.prepare(model, jit=jit).run({"x": _X})
     np.testing.assert_array_equal(got, np.pad(_X[:, :, 1:], [(1, 0), (0, 1), (0, 2)], mode="edge"))
+
+
+def test_gather_nd_on_an_initializer_with_computed_indices_runs_compiled():
+    """An initializer (a NumPy array) gathered by indices computed while running (a Whisper-style decoder's
+    embedding lookup) used to reach JAX's indexed update as a NumPy array (no ``.at``)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("GatherND", ["table", "idx"], ["y"])], "g",
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, [2, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    out = optkit.onnx.prepare(model).run([np.array([[3], [1]], np.int64)]).y
+    np.testing.assert_array_equal(out, [[9, 10, 11], [3, 4, 5]])

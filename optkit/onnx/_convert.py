@@ -31,6 +31,7 @@ from optkit.onnx._limits import MAX_ANALYSIS_STEPS, Limits, check_size
 from optkit.onnx._operators import Operators
 from optkit.onnx._ops._registry import GradientRequest, NodeContext, OpSpec
 from optkit.onnx._ops._values import TRAINING_DOMAIN, as_static, is_static, node_name, normalize_domain
+from optkit.onnx._ops.quantize import fake_quantization, straight_through
 from optkit.onnx._protos import InputInfo, decode_graph, parse_attributes
 
 __all__ = ["Converted", "Scope", "convert", "convert_graph"]
@@ -97,8 +98,9 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     for name, value in declared.initializers.items():
         graph.add_initializer(name, value)
     specs: dict[int, OpSpec] = {}
+    quantized = fake_quantization(g.node)
     for index, node in enumerate(g.node):
-        specs[index], node_captures = _add_node(graph, node, index, inner)
+        specs[index], node_captures = _add_node(graph, node, index, inner, quantized.get(index))
         captured += [c for c in dict.fromkeys(node_captures) if c not in defined and c not in captured]
     for name in captured:
         graph.add_input(name)
@@ -112,8 +114,13 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
                      static_initializers=static & set(declared.initializers))
 
 
-def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope) -> tuple[OpSpec, list[str]]:
-    """Build ``node`` from its op-table row and add it to ``graph``; its row, and what its sub-graphs capture."""
+def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope,
+              quantized_by: onnx.NodeProto | None = None) -> tuple[OpSpec, list[str]]:
+    """Build ``node`` from its op-table row and add it to ``graph``; its row, and what its sub-graphs capture.
+
+    A ``DequantizeLinear`` of a ``QuantizeLinear``'s output (``quantized_by``) reads the quantized node's input
+    instead, as one fake quantization with the straight-through gradient (:mod:`optkit.onnx._ops.quantize`).
+    """
     spec, version, schema = scope.operators.row(node)
     domain = normalize_domain(node.domain)
     opset = scope.operators.opsets[domain]
@@ -137,6 +144,10 @@ def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope) -> t
             raise type(err)(ctx.message(str(err))) from None
         return spec, captures
     inputs = list(node.input)
+    if quantized_by is not None:
+        q_attrs = parse_attributes(quantized_by, scope.operators.row(quantized_by)[2], ctx.where)
+        built = straight_through(ctx, q_attrs)
+        inputs = [quantized_by.input[0], *inputs[1:]]
     extra = [c for c in dict.fromkeys(captures) if c not in inputs]
     fn = _node_function(built, ctx, spec, schema, len(inputs), extra, scope.limits.max_tensor_bytes)
     graph.add(fn, inputs=inputs + extra, outputs=list(node.output), name=name)

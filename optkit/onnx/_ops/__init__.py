@@ -11,13 +11,16 @@ Where an operator goes: its family module, by what it does:
 - :mod:`~optkit.onnx._ops.recurrent`: ``RNN``, ``GRU``, ``LSTM`` (a ``lax.scan``);
 - :mod:`~optkit.onnx._ops.shape`: reshaping, joining, slicing, gathering,
   ``Shape``, ``Constant``;
-- :mod:`~optkit.onnx._ops.reduce`: ``Reduce*``;
+- :mod:`~optkit.onnx._ops.reduce`: ``Reduce*``, ``CumSum``, ``CumProd``;
 - :mod:`~optkit.onnx._ops.loss`: loss functions;
 - :mod:`~optkit.onnx._ops.training`: ``ai.onnx.preview.training``: Gradient,
   Adagrad, Adam, Momentum.
 
 - :mod:`~optkit.onnx._ops.control`: ``If``, ``Loop``, ``Scan`` (bodies converted
-  by the model's own converter).
+  by the model's own converter);
+- :mod:`~optkit.onnx._ops.attention`: ``RotaryEmbedding``;
+- :mod:`~optkit.onnx._ops.quantize`: ``QuantizeLinear``, ``DequantizeLinear``,
+  ``DynamicQuantizeLinear``.
 
 Each module registers its builders with one form, the
 decorator ``@OPS.op(op_type, *since_versions, params=..., static_inputs=...)``
@@ -28,13 +31,25 @@ ONNX page, "Adding an operator", says how versions and tests are declared.
 
 from __future__ import annotations
 
-from optkit.onnx._ops import control, elementwise, loss, nn, normalization, recurrent, reduce, shape, training
+from optkit.onnx._ops import (
+    attention,
+    control,
+    elementwise,
+    loss,
+    nn,
+    normalization,
+    quantize,
+    recurrent,
+    reduce,
+    shape,
+    training,
+)
 from optkit.onnx._ops._registry import OpTable
 
 __all__ = ["TABLE", "supported_ops"]
 
 TABLE = OpTable(elementwise.OPS, nn.OPS, normalization.OPS, recurrent.OPS, shape.OPS, reduce.OPS, loss.OPS,
-                training.OPS, control.OPS)
+                training.OPS, control.OPS, attention.OPS, quantize.OPS)
 
 
 def supported_ops() -> list[tuple[str, str, int]]:

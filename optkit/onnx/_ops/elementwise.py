@@ -275,3 +275,30 @@ def _cast_like(ctx):
         return jnp.asarray(x).astype(jnp.result_type(target))
 
     return cast_like
+
+
+@OPS.op("BitShift", 11, 28)
+def _bit_shift(ctx):
+    """Version 11: unsigned integers. Version 28 adds signed ones: a right shift is arithmetic, a shift by a
+    negative amount or by the bit width or more gives 0 (-1 for a negative value shifted right)."""
+    direction = ctx.attrs.get("direction")
+    if direction not in ("LEFT", "RIGHT"):
+        raise ctx.error(f"direction must be 'LEFT' or 'RIGHT', got {direction!r}")
+
+    def bit_shift(x, y):
+        dtype = jnp.result_type(x)
+        if not jnp.issubdtype(dtype, jnp.integer) or (ctx.version < 28 and jnp.issubdtype(dtype, jnp.signedinteger)):
+            raise TypeError(ctx.message(f"BitShift-{ctx.version} does not shift {dtype}"))
+        x, y = jnp.broadcast_arrays(x, y)
+        bits = jnp.iinfo(dtype).bits
+        out_of_range = (y < 0) | (y >= bits)
+        amount = jnp.where(out_of_range, 0, y).astype(dtype)
+        if direction == "LEFT":
+            shifted = lax.shift_left(x, amount)  # wraps in two's complement, as the unsigned view does
+            return jnp.where(out_of_range, jnp.zeros_like(x), shifted)
+        if jnp.issubdtype(dtype, jnp.signedinteger):
+            fill = jnp.where(x < 0, -jnp.ones_like(x), jnp.zeros_like(x))
+            return jnp.where(out_of_range, fill, lax.shift_right_arithmetic(x, amount))
+        return jnp.where(out_of_range, jnp.zeros_like(x), lax.shift_right_logical(x, amount))
+
+    return bit_shift

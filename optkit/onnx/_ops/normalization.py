@@ -1,4 +1,4 @@
-"""Normalization and regularization layers: BatchNormalization, LayerNormalization,
+"""Normalization and regularization layers: BatchNormalization, LayerNormalization, RMSNormalization,
 InstanceNormalization, LRN, Dropout.
 
 Statistics are computed in the input's type (LayerNormalization: in
@@ -83,6 +83,29 @@ def _instance_normalization(ctx):
         return _channel(scale, rank) * (x - mean) / jnp.sqrt(var + eps) + _channel(bias, rank)
 
     return instance_normalization
+
+
+@OPS.op("RMSNormalization", 23)
+def _rms_normalization(ctx):
+    """Y = X / sqrt(mean(X^2 over axes axis..-1) + epsilon) * scale, the statistics in ``stash_type``."""
+    axis = ctx.attrs.get("axis", -1)
+    eps = ctx.attrs.get("epsilon", 1e-5)
+    stash = onnx_dtype(ctx.attrs.get("stash_type", 1), ctx.message("attribute 'stash_type'"))
+    if not jnp.issubdtype(stash, jnp.floating):
+        raise ctx.error(f"stash_type must be a floating-point type, got {stash}")
+
+    def rms_normalization(x, scale):
+        rank = jnp.ndim(x)
+        a = axis_index(ctx, axis, rank)
+        normalized = jnp.shape(x)[a:]
+        if jnp.broadcast_shapes(jnp.shape(scale), normalized) != normalized:
+            raise ctx.error(f"scale {jnp.shape(scale)} cannot be broadcast to the normalized shape {normalized}")
+        xs = jnp.asarray(x).astype(stash)
+        mean_square = jnp.mean(jnp.square(xs), axis=tuple(range(a, rank)), keepdims=True)
+        y = xs * lax.rsqrt(mean_square + jnp.asarray(eps, stash))
+        return (y * jnp.asarray(scale).astype(stash)).astype(jnp.result_type(x))
+
+    return rms_normalization
 
 
 @OPS.op("LayerNormalization", 17)

@@ -1,9 +1,11 @@
-"""Reductions: ``Reduce*`` (axes an attribute, then a static input), ArgMax and ArgMin."""
+"""Reductions: ``Reduce*`` (axes an attribute, then a static input), ArgMax and ArgMin; CumSum and CumProd."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 from optkit.onnx._ops._common import axis_index, axis_indices, lowest
 from optkit.onnx._ops._registry import Family
@@ -116,3 +118,26 @@ def _arg(ctx, fn):
         return index.astype(jnp.int64)
 
     return arg
+
+
+@OPS.op("CumSum", 11, 14, static_inputs=(1,), params=(jnp.cumsum, 0))
+@OPS.op("CumProd", 26, static_inputs=(1,), params=(jnp.cumprod, 1))
+def _cumulative(ctx, fn, identity):
+    """A running sum or product along ``axis``; ``exclusive`` shifts it by one (the identity first), ``reverse``
+    runs from the end."""
+    exclusive = bool(ctx.attrs.get("exclusive", 0))
+    reverse = bool(ctx.attrs.get("reverse", 0))
+
+    def cumulative(x, axis):
+        if np.size(axis) != 1:
+            raise ctx.error(f"axis must hold one value, got {np.asarray(axis).tolist()}")
+        a = axis_index(ctx, int(np.reshape(axis, -1)[0]), jnp.ndim(x))
+        x = jnp.flip(x, a) if reverse else x
+        y = fn(x, axis=a, dtype=jnp.result_type(x))
+        if exclusive:  # shifted by one along the axis, the identity first
+            n = jnp.shape(x)[a]
+            first = jnp.full_like(lax.slice_in_dim(y, 0, min(n, 1), axis=a), identity)
+            y = jnp.concatenate([first, lax.slice_in_dim(y, 0, max(n - 1, 0), axis=a)], axis=a)
+        return jnp.flip(y, a) if reverse else y
+
+    return cumulative

@@ -401,7 +401,7 @@ def _gather_nd(ctx):
                   for i in range(k)]
 
         def one(data, *cs):
-            return data.at[tuple(cs)].get(mode="fill")
+            return jnp.asarray(data).at[tuple(cs)].get(mode="fill")  # data may be a NumPy initializer
 
         fn = one
         for _ in range(batch_dims):
@@ -422,24 +422,6 @@ def _trilu(ctx):
         return jnp.triu(x, diagonal) if upper else jnp.tril(x, diagonal)
 
     return trilu
-
-
-@OPS.op("CumSum", 11, 14, static_inputs=(1,))
-def _cumsum(ctx):
-    exclusive = bool(ctx.attrs.get("exclusive", 0))
-    reverse = bool(ctx.attrs.get("reverse", 0))
-
-    def cumsum(x, axis):
-        a = axis_index(ctx, _ints(axis)[0], jnp.ndim(x))
-        x = jnp.flip(x, a) if reverse else x
-        y = jnp.cumsum(x, axis=a, dtype=jnp.result_type(x))
-        if exclusive:  # shifted by one along the axis, 0 first
-            n = jnp.shape(x)[a]
-            y = jnp.concatenate([jnp.zeros_like(lax.slice_in_dim(y, 0, min(n, 1), axis=a)),
-                                 lax.slice_in_dim(y, 0, max(n - 1, 0), axis=a)], axis=a)
-        return jnp.flip(y, a) if reverse else y
-
-    return cumsum
 
 
 @OPS.op("Size", 1, 13, 19, 21, 23, 24, 25, static_outputs=True)

@@ -1,0 +1,192 @@
+"""Linear quantization: ``QuantizeLinear``, ``DequantizeLinear``, ``DynamicQuantizeLinear`` (8- and 16-bit integers).
+
+``QuantizeLinear``: ``y = saturate(round_half_to_even(x / scale) + zero_point)`` in the zero point's type
+(or ``output_dtype``, default uint8); ``DequantizeLinear``: ``y = (x - zero_point) * scale``; the scale and
+zero point per tensor, per axis (a 1-D scale along ``axis``) or per block (``block_size`` along ``axis``), as
+ONNX's reference implementation reads them. Float 8, 4 and 2-bit types are refused (JAX has no dtype for
+the 4- and 2-bit ones; float 8 is not wired yet).
+
+A ``DequantizeLinear`` fed by a ``QuantizeLinear`` (the fake quantization a QDQ model is made of) is
+differentiated with the straight-through estimator: the gradient with respect to ``x`` passes where ``x``
+quantizes inside the type's range and is 0 where it saturates (see :func:`fake_quantize`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from optkit.onnx._ops._common import axis_index
+from optkit.onnx._ops._registry import Family
+from optkit.onnx._ops._values import onnx_dtype
+
+OPS = Family("quantize")
+
+_RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127), np.dtype(np.uint16): (0, 65535),
+           np.dtype(np.int16): (-32768, 32767)}
+
+
+def _broadcast_param(ctx, value, shape, axis, block_size, what):
+    """A scale or zero point shaped to broadcast against ``shape`` (per tensor, per axis or per block)."""
+    value = jnp.asarray(value)
+    if value.ndim == 0 or value.size == 1 and not block_size:
+        return jnp.reshape(value, ())
+    a = axis_index(ctx, axis, len(shape))
+    if not block_size:
+        if value.ndim != 1 or value.shape[0] != shape[a]:
+            raise ctx.error(f"{what} of shape {value.shape} does not fit axis {a} of an input of shape {shape}")
+        return jnp.reshape(value, [shape[a] if i == a else 1 for i in range(len(shape))])
+    if block_size < 0 or value.ndim != len(shape):
+        raise ctx.error(f"blocked {what} of shape {value.shape} does not fit an input of shape {shape}")
+    return jnp.take(jnp.repeat(value, block_size, axis=a), jnp.arange(shape[a]), axis=a)
+
+
+def _out_type(ctx, zero_point):
+    declared = ctx.attrs.get("output_dtype", 0)
+    dtype = onnx_dtype(declared, ctx.message("output_dtype")) if declared else None
+    if zero_point is not None:
+        zp_type = np.dtype(jnp.result_type(zero_point))
+        if dtype is not None and dtype != zp_type:
+            raise ctx.error(f"output_dtype {dtype} differs from the zero point's type {zp_type}")
+        dtype = zp_type
+    dtype = np.dtype(np.uint8) if dtype is None else dtype
+    if dtype not in _RANGES:
+        raise ctx.unsupported(f"quantization to {dtype} is not supported (8- and 16-bit integers are)")
+    return dtype
+
+
+def _divide(a, b, dtype):
+    """``a / b`` correctly rounded to ``dtype``: XLA:CPU's float32 division can be one unit in the last place
+    off, which moves a quotient across a rounding tie; the float64 quotient rounded to float32 is not."""
+    wide = jnp.float64 if jax.config.jax_enable_x64 else dtype
+    return (jnp.asarray(a).astype(dtype).astype(wide) / jnp.asarray(b).astype(dtype).astype(wide)).astype(dtype)
+
+
+def _quantize(x, scale, zero_point, dtype, precision=None):
+    low, high = _RANGES[dtype]
+    work = precision or jnp.result_type(x)
+    q = jnp.round(_divide(x, scale, work))  # halves to even
+    if zero_point is not None:
+        q = q + jnp.asarray(zero_point).astype(work)
+    return jnp.clip(q, low, high).astype(dtype)
+
+
+@OPS.op("QuantizeLinear", 10, 13, 19, 21, 23, 24, 25, 28)
+def _quantize_linear(ctx):
+    axis, block_size = int(ctx.attrs.get("axis", 1)), int(ctx.attrs.get("block_size", 0))
+    precision = ctx.attrs.get("precision", 0)
+    precision = onnx_dtype(precision, ctx.message("precision")) if precision else None
+    if ctx.version >= 19 and not ctx.attrs.get("saturate", 1):
+        raise ctx.unsupported("saturate=0 applies to float 8 types, which are not supported")
+
+    def quantize_linear(x, scale, zero_point=None):
+        dtype = _out_type(ctx, zero_point)
+        shape = jnp.shape(x)
+        s = _broadcast_param(ctx, scale, shape, axis, block_size, "y_scale")
+        z = None if zero_point is None else _broadcast_param(ctx, zero_point, shape, axis, block_size, "y_zero_point")
+        return _quantize(x, s, z, dtype, precision)
+
+    return quantize_linear
+
+
+@OPS.op("DequantizeLinear", 10, 13, 19, 21, 23, 24, 25, 28)
+def _dequantize_linear(ctx):
+    axis, block_size = int(ctx.attrs.get("axis", 1)), int(ctx.attrs.get("block_size", 0))
+    declared = ctx.attrs.get("output_dtype", 0)
+    out = onnx_dtype(declared, ctx.message("output_dtype")) if declared else None
+
+    def dequantize_linear(x, scale, zero_point=None):
+        if np.dtype(jnp.result_type(x)) not in (*_RANGES, np.dtype(np.int32)):
+            raise ctx.unsupported(f"dequantizing {jnp.result_type(x)} is not supported")
+        shape = jnp.shape(x)
+        s = _broadcast_param(ctx, scale, shape, axis, block_size, "x_scale")
+        dx = jnp.asarray(x).astype(jnp.float32)
+        if zero_point is not None:
+            dx = dx - _broadcast_param(ctx, zero_point, shape, axis, block_size, "x_zero_point").astype(jnp.float32)
+        return (dx * s).astype(out or jnp.result_type(scale))
+
+    return dequantize_linear
+
+
+@OPS.op("DynamicQuantizeLinear", 11)
+def _dynamic_quantize_linear(ctx):
+    def dynamic_quantize_linear(x):
+        x = jnp.asarray(x).astype(jnp.float32)
+        low = jnp.minimum(jnp.min(x, initial=0.0), 0.0)
+        high = jnp.maximum(jnp.max(x, initial=0.0), 0.0)
+        scale = _divide(jnp.where(high == low, 1.0, high - low), 255.0, jnp.float32)
+        zero_point = jnp.round(jnp.clip(_divide(-low, scale, jnp.float32), 0, 255)).astype(jnp.uint8)
+        return _quantize(x, scale, zero_point, np.dtype(np.uint8)), scale, zero_point
+
+    return dynamic_quantize_linear
+
+
+def fake_quantize(x, scale, zero_point, dtype, out_dtype):
+    """``DequantizeLinear(QuantizeLinear(x))`` (scale and zero point broadcast already), differentiable in ``x``
+    by the straight-through estimator: the gradient passes where ``x`` quantizes inside ``dtype``'s range and is
+    0 where it saturates; the scale and the zero point get none (they are the quantizer's, not trained here)."""
+    low, high = _RANGES[np.dtype(dtype)]
+    zero = jnp.zeros((), jnp.float32) if zero_point is None else jnp.asarray(zero_point)
+
+    def forward(x, scale, zero):
+        q = _quantize(x, scale, None if zero_point is None else zero, np.dtype(dtype)).astype(jnp.float32)
+        return ((q - zero.astype(jnp.float32)) * scale).astype(out_dtype)
+
+    @jax.custom_jvp
+    def fake(x, scale, zero):
+        return forward(x, scale, zero)
+
+    @fake.defjvp
+    def fake_jvp(primals, tangents):
+        x, scale, zero = primals
+        dx = tangents[0]
+        level = jnp.round(_divide(x, scale, jnp.result_type(x))) + zero.astype(jnp.result_type(x))
+        inside = (level >= low) & (level <= high)
+        return forward(x, scale, zero), jnp.where(inside, dx, jnp.zeros_like(dx)).astype(out_dtype)
+
+    return fake(jnp.asarray(x), jnp.asarray(scale), zero)
+
+
+def fake_quantization(nodes) -> dict[int, object]:
+    """``{index of a DequantizeLinear: the QuantizeLinear node it undoes}`` for the QDQ pairs of a graph: the
+    DequantizeLinear reads the QuantizeLinear's output with the same scale and zero point (names) and the
+    same ``axis`` and ``block_size``, as ``onnxruntime.quantization`` writes them."""
+    producers = {out: node for node in nodes if node.op_type == "QuantizeLinear" and node.domain in ("", "ai.onnx")
+                 for out in node.output[:1]}
+
+    def attrs(node):
+        found = {a.name: a.i for a in node.attribute if a.name in ("axis", "block_size", "output_dtype")}
+        return found.get("axis", 1), found.get("block_size", 0)
+
+    pairs = {}
+    for index, node in enumerate(nodes):
+        q = producers.get(node.input[0]) if node.op_type == "DequantizeLinear" and node.input else None
+        if q is None or node.domain not in ("", "ai.onnx"):
+            continue
+        same_params = list(q.input[1:3]) + [""] * (3 - len(q.input)) == list(node.input[1:3]) + [""] * (
+            3 - len(node.input))
+        declared_out = any(a.name == "output_dtype" and a.i for a in node.attribute)
+        if same_params and attrs(q) == attrs(node) and not declared_out:
+            pairs[index] = q
+    return pairs
+
+
+def straight_through(ctx, q_attrs):
+    """The node function of a QDQ pair (``ctx`` the DequantizeLinear's, ``q_attrs`` the QuantizeLinear's):
+    :func:`fake_quantize` of the quantized node's input."""
+    axis, block_size = int(ctx.attrs.get("axis", 1)), int(ctx.attrs.get("block_size", 0))
+    declared = q_attrs.get("output_dtype", 0)
+
+    def fake(x, scale, zero_point=None):
+        dtype = np.dtype(jnp.result_type(zero_point)) if zero_point is not None else (
+            onnx_dtype(declared, ctx.message("output_dtype")) if declared else np.dtype(np.uint8))
+        if dtype not in _RANGES:
+            raise ctx.unsupported(f"quantization to {dtype} is not supported (8- and 16-bit integers are)")
+        shape = jnp.shape(x)
+        s = _broadcast_param(ctx, scale, shape, axis, block_size, "x_scale")
+        z = None if zero_point is None else _broadcast_param(ctx, zero_point, shape, axis, block_size,
+                                                             "x_zero_point")
+        return fake_quantize(x, s, z, dtype, jnp.result_type(scale))
+
+    return fake
