@@ -18,7 +18,7 @@ Where an operator goes: its family module, by what it does:
 
 - :mod:`~optkit.onnx._ops.control`: ``If``, ``Loop``, ``Scan`` (bodies converted
   by the model's own converter);
-- :mod:`~optkit.onnx._ops.attention`: ``RotaryEmbedding``;
+- :mod:`~optkit.onnx._ops.attention`: ``Attention``, ``RotaryEmbedding``;
 - :mod:`~optkit.onnx._ops.quantize`: ``QuantizeLinear``, ``DequantizeLinear``,
   ``DynamicQuantizeLinear``.
 

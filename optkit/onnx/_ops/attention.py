@@ -1,4 +1,12 @@
-"""Attention building blocks of opset 23: ``RotaryEmbedding`` (and ``RMSNormalization`` in normalization).
+"""Attention of opset 23: ``Attention`` and ``RotaryEmbedding`` (``RMSNormalization`` is in normalization).
+
+``Attention`` (versions 23-25) is ONNX's reference implementation transcribed:
+3-D inputs split into ``q_num_heads`` and ``kv_num_heads`` heads, grouped-query
+heads repeated, ``sqrt(scale)`` applied to Q and to K (default ``scale = 1 /
+sqrt(head size)``), a boolean or additive ``attn_mask`` padded to the keys, the
+causal frontier and sliding windows aligned to the past length (or to
+``nonpad_kv_seqlen``), ``softcap``, ``softmax_precision``, a fully masked row
+giving 0, and the four ``qk_matmul_output_mode`` outputs.
 
 ``RotaryEmbedding`` rotates the first ``rotary_embedding_dim`` features of each
 head by the angles in ``cos_cache`` and ``sin_cache`` (gathered by
@@ -9,9 +17,11 @@ reference implementation does; it is differentiable in ``X`` and the caches.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from optkit.onnx._ops._common import checked_indices
 from optkit.onnx._ops._registry import Family
+from optkit.onnx._ops._values import onnx_dtype
 
 OPS = Family("attention")
 
@@ -61,3 +71,111 @@ def _rotary_embedding(ctx):
         return jnp.reshape(out, jnp.shape(x)) if rank == 3 else jnp.transpose(out, (0, 2, 1, 3))
 
     return rotary_embedding
+
+
+def _bias(ctx, shape_qk, dtype, attn_mask, causal, offset, windows):
+    """The additive bias of ``Attention`` (0 where a query attends a key, -inf where not), as ONNX's reference
+    builds it: the mask (bool or additive, padded to the keys), the offset-aligned causal frontier and the
+    sliding window (``offset``: the past length, or per batch ``nonpad_kv_seqlen - q``)."""
+    q_len, kv_len = shape_qk
+    neg = jnp.asarray(-jnp.inf, dtype)
+    zero = jnp.zeros((), dtype)
+    bias = jnp.zeros((q_len, kv_len), dtype)
+    if attn_mask is not None:
+        mask = jnp.asarray(attn_mask)
+        pad = kv_len - mask.shape[-1]
+        if pad > 0:
+            fill = False if mask.dtype == jnp.bool_ else -jnp.inf
+            mask = jnp.pad(mask, [(0, 0)] * (mask.ndim - 1) + [(0, pad)], constant_values=fill)
+        bias = bias + (jnp.where(mask, zero, neg) if mask.dtype == jnp.bool_ else mask.astype(dtype))
+    i = jnp.arange(q_len).reshape(q_len, 1)
+    j = jnp.arange(kv_len).reshape(1, kv_len)
+    per_batch = jnp.ndim(offset) > 0
+    position = i + (jnp.reshape(offset, (-1, 1, 1)) if per_batch else offset)  # (q, 1) or (batch, q, 1)
+
+    def add(bias, allowed):
+        term = jnp.where(allowed, zero, neg)
+        return bias + (term[:, None] if per_batch else term)
+
+    if causal:
+        bias = add(bias, j <= position)
+    left, right = windows
+    if left >= 0 or right >= 0:
+        diff = position - j
+        allowed = jnp.ones(diff.shape, bool)
+        if left >= 0:
+            allowed = allowed & (diff <= left)
+        if right >= 0:
+            allowed = allowed & (-diff <= right)
+        bias = add(bias, allowed)
+    return bias
+
+
+def _heads(ctx, x, heads, what):
+    """A 3-D ``(batch, sequence, heads * size)`` input as ``(batch, heads, sequence, size)``."""
+    if not heads or x.shape[2] % heads:
+        raise ctx.error(f"a 3-D {what} needs q_num_heads and kv_num_heads dividing its hidden size {x.shape[2]}")
+    return jnp.transpose(jnp.reshape(x, (x.shape[0], x.shape[1], heads, x.shape[2] // heads)), (0, 2, 1, 3))
+
+
+@OPS.op("Attention", 23, 24, 25)
+def _attention(ctx):
+    a = ctx.attrs
+    scale_attr, causal = a.get("scale"), bool(a.get("is_causal", 0))
+    q_heads, kv_heads = a.get("q_num_heads"), a.get("kv_num_heads")
+    softcap, mode = float(a.get("softcap", 0.0)), int(a.get("qk_matmul_output_mode", 0))
+    precision = a.get("softmax_precision")
+    windows = (int(a.get("left_window_size", -1)), int(a.get("right_window_size", -1)))
+    if mode not in (0, 1, 2, 3):
+        raise ctx.error(f"qk_matmul_output_mode must be 0, 1, 2 or 3, got {mode}")
+
+    def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None):
+        if (past_key is None) != (past_value is None):
+            raise ctx.error("past_key and past_value must be given together")
+        if nonpad_kv_seqlen is not None and past_key is not None:
+            raise ctx.error("nonpad_kv_seqlen cannot be combined with past_key and past_value")
+        if not jnp.ndim(q) == jnp.ndim(k) == jnp.ndim(v) or jnp.ndim(q) not in (3, 4):
+            raise ctx.error(f"Q, K and V must all be 3-D or all 4-D, got {jnp.shape(q)}, {jnp.shape(k)}, "
+                            f"{jnp.shape(v)}")
+        three = jnp.ndim(q) == 3
+        if ctx.version >= 25 and not three and (q_heads is not None or kv_heads is not None):
+            raise ctx.error("q_num_heads and kv_num_heads must not be given for 4-D inputs")
+        dtype = jnp.result_type(q)
+        if three:
+            q, k, v = _heads(ctx, q, q_heads, "Q"), _heads(ctx, k, kv_heads, "K"), _heads(ctx, v, kv_heads, "V")
+        root = jnp.sqrt(jnp.asarray(1 / np.sqrt(q.shape[3]) if scale_attr is None else scale_attr,
+                                    jnp.float64 if dtype == jnp.float64 else jnp.float32)).astype(dtype)
+        if past_key is not None:
+            k, v = jnp.concatenate([past_key, k], axis=2), jnp.concatenate([past_value, v], axis=2)
+        present_key, present_value = k, v
+        offset = (jnp.reshape(nonpad_kv_seqlen, (-1,)) - q.shape[2] if nonpad_kv_seqlen is not None and past_key is None
+                  else (past_key.shape[2] if past_key is not None else 0))
+        bias = _bias(ctx, (q.shape[2], k.shape[2]), dtype, attn_mask, causal, offset, windows)
+        if nonpad_kv_seqlen is not None:
+            keep = jnp.arange(k.shape[2]) < jnp.reshape(nonpad_kv_seqlen, (-1, 1))
+            bias = bias + jnp.where(keep, 0, -jnp.inf).astype(dtype).reshape(q.shape[0], 1, 1, k.shape[2])
+        if q.shape[1] != k.shape[1]:
+            if q.shape[1] % k.shape[1] or k.shape[1] != v.shape[1]:
+                raise ctx.error(f"{q.shape[1]} query heads cannot share {k.shape[1]} key and {v.shape[1]} value heads")
+            k, v = jnp.repeat(k, q.shape[1] // k.shape[1], axis=1), jnp.repeat(v, q.shape[1] // k.shape[1], axis=1)
+        qk = jnp.matmul(q * root, jnp.swapaxes(k, 2, 3) * root)
+        if softcap > 0:
+            qk = jnp.tanh(qk / softcap) * softcap
+        with_bias = qk + bias
+        out_qk = with_bias if mode == 2 else qk
+        if precision:
+            with_bias = with_bias.astype(onnx_dtype(precision, ctx.message("softmax_precision")))
+        top = jnp.max(with_bias, axis=-1, keepdims=True)
+        safe = jnp.where(jnp.isneginf(top), 0, top)
+        e = jnp.exp(with_bias - safe)
+        total = jnp.sum(e, axis=-1, keepdims=True)
+        probs = e / jnp.where(total == 0, 1, total)
+        probs = jnp.where(jnp.isneginf(jnp.max(bias, axis=-1, keepdims=True)), 0, probs)
+        if mode == 3:
+            out_qk = probs
+        y = jnp.matmul(probs.astype(dtype), v)
+        if three:
+            y = jnp.reshape(jnp.transpose(y, (0, 2, 1, 3)), (y.shape[0], y.shape[2], -1))
+        return y, present_key, present_value, out_qk.astype(dtype)
+
+    return attention
