@@ -19,6 +19,7 @@ Where an operator goes: its family module, by what it does:
 - :mod:`~optkit.onnx._ops.control`: ``If``, ``Loop``, ``Scan`` (bodies converted
   by the model's own converter);
 - :mod:`~optkit.onnx._ops.attention`: ``Attention``, ``RotaryEmbedding``;
+- :mod:`~optkit.onnx._ops.resize`: ``Resize``, ``Upsample``;
 - :mod:`~optkit.onnx._ops.quantize`: ``QuantizeLinear``, ``DequantizeLinear``,
   ``DynamicQuantizeLinear``.
 
@@ -41,6 +42,7 @@ from optkit.onnx._ops import (
     quantize,
     recurrent,
     reduce,
+    resize,
     shape,
     training,
 )
@@ -49,7 +51,8 @@ from optkit.onnx._ops._registry import OpTable
 __all__ = ["TABLE", "supported_ops"]
 
 TABLE = OpTable(elementwise.OPS, nn.OPS, normalization.OPS, recurrent.OPS, shape.OPS, reduce.OPS, loss.OPS,
-                training.OPS, control.OPS, attention.OPS, quantize.OPS)
+                training.OPS, control.OPS, attention.OPS, quantize.OPS,
+                resize.OPS)
 
 
 def supported_ops() -> list[tuple[str, str, int]]:
