@@ -19,6 +19,9 @@ Where an operator goes: its family module, by what it does:
 - :mod:`~optkit.onnx._ops.control`: ``If``, ``Loop``, ``Scan`` (bodies converted
   by the model's own converter);
 - :mod:`~optkit.onnx._ops.attention`: ``Attention``, ``RotaryEmbedding``;
+- :mod:`~optkit.onnx._ops.algebra`: Einsum, Det, Hardmax, LpNormalization, windows;
+- :mod:`~optkit.onnx._ops.indexing`: Scatter*, TopK, OneHot, Compress, NonZero, Unique,
+  ReverseSequence, EyeLike, DepthToSpace, SpaceToDepth, CenterCropPad;
 - :mod:`~optkit.onnx._ops.resize`: ``Resize``, ``Upsample``;
 - :mod:`~optkit.onnx._ops.quantize`: ``QuantizeLinear``, ``DequantizeLinear``,
   ``DynamicQuantizeLinear``.
@@ -33,9 +36,11 @@ ONNX page, "Adding an operator", says how versions and tests are declared.
 from __future__ import annotations
 
 from optkit.onnx._ops import (
+    algebra,
     attention,
     control,
     elementwise,
+    indexing,
     loss,
     nn,
     normalization,
@@ -52,7 +57,7 @@ __all__ = ["TABLE", "supported_ops"]
 
 TABLE = OpTable(elementwise.OPS, nn.OPS, normalization.OPS, recurrent.OPS, shape.OPS, reduce.OPS, loss.OPS,
                 training.OPS, control.OPS, attention.OPS, quantize.OPS,
-                resize.OPS)
+                resize.OPS, indexing.OPS, algebra.OPS)
 
 
 def supported_ops() -> list[tuple[str, str, int]]:

@@ -302,3 +302,41 @@ def _bit_shift(ctx):
         return jnp.where(out_of_range, jnp.zeros_like(x), lax.shift_right_logical(x, amount))
 
     return bit_shift
+
+
+@OPS.op("BitwiseAnd", 18, params=(jnp.bitwise_and,))
+@OPS.op("BitwiseOr", 18, params=(jnp.bitwise_or,))
+@OPS.op("BitwiseXor", 18, params=(jnp.bitwise_xor,))
+@OPS.op("BitwiseNot", 18, params=(jnp.bitwise_not,))
+def _bitwise(ctx, fn):
+    def bitwise(*values):
+        if not all(jnp.issubdtype(jnp.result_type(v), jnp.integer) for v in values):
+            types = [str(jnp.result_type(v)) for v in values]
+            raise TypeError(ctx.message(f"{ctx.op_type} takes integers, got {types}"))
+        return fn(*values)
+
+    return bitwise
+
+
+@OPS.op("Swish", 24)
+def _swish(ctx):
+    alpha = float(ctx.attrs.get("alpha", 1.0))
+    return lambda x: x * jax.nn.sigmoid(jnp.asarray(alpha, jnp.result_type(x)) * x)
+
+
+@OPS.op("Shrink", 9)
+def _shrink(ctx):
+    bias, lambd = float(ctx.attrs.get("bias", 0.0)), float(ctx.attrs.get("lambd", 0.5))
+
+    def shrink(x):
+        dtype = jnp.result_type(x)
+        b, t = jnp.asarray(bias, dtype), jnp.asarray(lambd, dtype)
+        return jnp.where(x < -t, x + b, jnp.where(x > t, x - b, jnp.zeros_like(x))).astype(dtype)
+
+    return shrink
+
+
+@OPS.op("SwiGLU", 28)
+def _swiglu(ctx):
+    alpha = float(ctx.attrs.get("alpha", 1.0))
+    return lambda a, b: a * jax.nn.sigmoid(jnp.asarray(alpha, jnp.result_type(a)) * a) * b

@@ -300,6 +300,25 @@ def _average_pool(ctx):
     return average_pool
 
 
+@OPS.op("LpPool", 1, 2, 11, 18, 22)
+def _lp_pool(ctx):
+    """``(sum over the window of |x|^p)^(1/p)``, the pads counting 0 (ONNX's reference: the window count times
+    the padded average)."""
+    p = float(ctx.attrs.get("p", 2.0))
+
+    def lp_pool(x):
+        windows, _ = _pool_windows(ctx, x, dilations_allowed=ctx.version >= 18)
+        dtype = jnp.result_type(x)
+        zero = np.zeros((), dtype)
+        powered = jnp.power(jnp.abs(x), jnp.asarray(p, dtype))
+        y, shape, _ = _windowed(ctx, powered, windows, None,
+                                lambda core, pads, _: _reduce_window(core, zero, lax.add, windows, pads), zero)
+        total = jnp.zeros(shape, dtype) if y is None else y
+        return jnp.power(total, jnp.asarray(1.0 / p, dtype))
+
+    return lp_pool
+
+
 @OPS.op("GlobalAveragePool", 1, 22, params=(jnp.mean,))
 @OPS.op("GlobalMaxPool", 1, 22, params=(jnp.max,))
 def _global_pool(ctx, reduce):

@@ -1,5 +1,5 @@
 """Normalization and regularization layers: BatchNormalization, LayerNormalization, RMSNormalization,
-InstanceNormalization, LRN, Dropout.
+GroupNormalization, MeanVarianceNormalization, InstanceNormalization, LRN, Dropout.
 
 Statistics are computed in the input's type (LayerNormalization: in
 ``stash_type``), with the population (biased) variance, as ONNX's function
@@ -181,3 +181,45 @@ def _dropout(ctx):
         return (y, mask) if ctx.has_output(1) else y
 
     return dropout
+
+
+@OPS.op("GroupNormalization", 18, 21)
+def _group_normalization(ctx):
+    """Statistics over each group of ``num_groups`` channels (and the spatial axes); version 18 scales and shifts
+    per group, version 21 per channel, computing in ``stash_type``."""
+    groups, eps = int(ctx.attrs.get("num_groups", 0)), ctx.attrs.get("epsilon", 1e-5)
+    stash = onnx_dtype(ctx.attrs.get("stash_type", 1), ctx.message("attribute 'stash_type'")) if ctx.version >= 21 \
+        else None
+
+    def group_normalization(x, scale, bias):
+        n, c = jnp.shape(x)[:2]
+        if groups < 1 or c % groups:
+            raise ctx.error(f"num_groups {groups} must divide the {c} channels")
+        per = groups if ctx.version < 21 else c
+        if jnp.shape(scale) != (per,) or jnp.shape(bias) != (per,):
+            raise ctx.error(f"scale and bias must have shape ({per},), got {jnp.shape(scale)} and {jnp.shape(bias)}")
+        dtype = jnp.result_type(x)
+        work = stash or dtype
+        xs = jnp.reshape(jnp.asarray(x).astype(work), (n, groups, -1))
+        mean = jnp.mean(xs, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(xs - mean), axis=-1, keepdims=True)
+        y = jnp.reshape((xs - mean) * lax.rsqrt(var + jnp.asarray(eps, work)), jnp.shape(x)).astype(dtype)
+        if ctx.version < 21:
+            scale, bias = jnp.repeat(scale, c // groups), jnp.repeat(bias, c // groups)
+        return y * _channel(scale, y.ndim) + _channel(bias, y.ndim)
+
+    return group_normalization
+
+
+@OPS.op("MeanVarianceNormalization", 9, 13)
+def _mean_variance_normalization(ctx):
+    """``(X - E[X]) / (sqrt(E[X^2] - E[X]^2) + 1e-9)`` over ``axes`` (default 0, 2, 3), as ONNX's function body."""
+    axes = ctx.attrs.get("axes", [0, 2, 3])
+
+    def mean_variance_normalization(x):
+        a = tuple(axis_index(ctx, int(i), jnp.ndim(x)) for i in axes)
+        mean = jnp.mean(x, axis=a, keepdims=True)
+        std = jnp.sqrt(jnp.mean(jnp.square(x), axis=a, keepdims=True) - jnp.square(mean))
+        return (x - mean) / (std + jnp.asarray(1e-9, jnp.result_type(x)))
+
+    return mean_variance_normalization

@@ -1,4 +1,6 @@
-"""Linear quantization: ``QuantizeLinear``, ``DequantizeLinear``, ``DynamicQuantizeLinear`` (8- and 16-bit integers).
+"""Linear quantization: ``QuantizeLinear``, ``DequantizeLinear``, ``DynamicQuantizeLinear`` (8- and 16-bit integers);
+the integer kernels ``MatMulInteger``, ``QLinearMatMul``, ``ConvInteger``, ``QLinearConv`` (computed in float64,
+exact for 8-bit products and their sums, then requantized as ONNX's reference implementations do).
 
 ``QuantizeLinear``: ``y = saturate(round_half_to_even(x / scale) + zero_point)`` in the zero point's type
 (or ``output_dtype``, default uint8); ``DequantizeLinear``: ``y = (x - zero_point) * scale``; the scale and
@@ -17,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from optkit.onnx._ops import nn
 from optkit.onnx._ops._common import axis_index
 from optkit.onnx._ops._registry import Family
 from optkit.onnx._ops._values import onnx_dtype
@@ -190,3 +193,76 @@ def straight_through(ctx, q_attrs):
         return fake_quantize(x, s, z, dtype, jnp.result_type(scale))
 
     return fake
+
+
+def _centered(value, zero_point, expand_axes=None):
+    """An integer tensor minus its zero point, as float64 (exact for the 8-bit products and their sums)."""
+    v = jnp.asarray(value).astype(jnp.float64)
+    if zero_point is None:
+        return v
+    z = jnp.asarray(zero_point).astype(jnp.float64)
+    if expand_axes is not None and z.ndim == 1 and z.size > 1:
+        z = jnp.expand_dims(z, expand_axes)
+    return v - z
+
+
+def _requantize(acc, factor, zero_point, like):
+    """``saturate(round(acc * factor) + zero_point)`` in the zero point's type (or ``like``'s), as ONNX's
+    reference implementations of QLinearMatMul and QLinearConv compute it."""
+    dtype = np.dtype(jnp.result_type(zero_point if zero_point is not None else like))
+    low, high = _RANGES.get(dtype, (None, None))
+    if low is None:
+        raise TypeError(f"quantized outputs are 8- or 16-bit integers, got {dtype}")
+    y = acc * factor
+    if zero_point is not None:
+        y = y + jnp.asarray(zero_point).astype(y.dtype)
+    return jnp.clip(jnp.round(y), low, high).astype(dtype)
+
+
+@OPS.op("MatMulInteger", 10)
+def _matmul_integer(ctx):
+    def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
+        return jnp.matmul(_centered(a, a_zero_point), _centered(b, b_zero_point)).astype(jnp.int32)
+
+    return matmul_integer
+
+
+@OPS.op("QLinearMatMul", 10, 21)
+def _qlinear_matmul(ctx):
+    def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+        acc = jnp.matmul(_centered(a, a_zero_point), _centered(b, b_zero_point))
+        factor = (jnp.asarray(a_scale) * jnp.asarray(b_scale) / jnp.asarray(y_scale))
+        return _requantize(acc.astype(jnp.int32).astype(factor.dtype), factor, y_zero_point, a)
+
+    return qlinear_matmul
+
+
+@OPS.op("ConvInteger", 10)
+def _conv_integer(ctx):
+    conv = nn._conv(ctx)
+
+    def conv_integer(x, w, x_zero_point=None, w_zero_point=None):
+        return conv(_centered(x, x_zero_point), _centered(w, w_zero_point, (1, 2, 3))).astype(jnp.int32)
+
+    return conv_integer
+
+
+@OPS.op("QLinearConv", 10)
+def _qlinear_conv(ctx):
+    conv = nn._conv(ctx)
+
+    def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None):
+        acc = conv(_centered(x, x_zero_point), _centered(w, w_zero_point, (1, 2, 3)),
+                   None if b is None else jnp.asarray(b).astype(jnp.float64)).astype(jnp.int32)
+        w_scale = jnp.asarray(w_scale)
+        if w_scale.size > 1:
+            w_scale = jnp.reshape(w_scale, (1, -1) + (1,) * (acc.ndim - 2))
+        factor = jnp.asarray(x_scale) * w_scale / jnp.asarray(y_scale)
+        dtype = np.dtype(jnp.result_type(y_zero_point if y_zero_point is not None else x))
+        low, high = _RANGES[dtype]
+        y = acc.astype(factor.dtype) * factor
+        if y_zero_point is not None:
+            y = y + jnp.asarray(y_zero_point).astype(y.dtype)
+        return jnp.round(jnp.clip(y, low, high)).astype(dtype)  # clipped, then rounded, as the reference
+
+    return qlinear_conv

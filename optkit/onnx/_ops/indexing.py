@@ -1,0 +1,264 @@
+"""Indexing and rearranging: Scatter*, TopK, OneHot, Compress, NonZero, Unique, ReverseSequence, EyeLike,
+DepthToSpace, SpaceToDepth, CenterCropPad.
+
+``Compress``, ``NonZero`` and ``Unique`` give outputs whose size depends on
+values: they run on concrete values (a graph run op by op, ``jit=False``, or
+values known at load time); traced, they are refused naming the node
+(:class:`~optkit.onnx._errors.ValueDependentError`). Sizes derived from values
+(``TopK``'s ``k``, ``OneHot``'s depth) are static inputs, bounded before
+anything is allocated.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from optkit.onnx._errors import ValueDependentError
+from optkit.onnx._ops._common import axis_index, checked_indices
+from optkit.onnx._ops._registry import Family
+from optkit.onnx._ops._values import as_static, onnx_dtype
+
+OPS = Family("indexing")
+
+_REDUCE = {"none": None, "add": "add", "mul": "multiply", "max": "max", "min": "min"}
+
+
+def _scatter(target, index, updates, reduction):
+    ref = target.at[index]
+    return ref.set(updates, mode="drop") if reduction is None else getattr(ref, reduction)(updates, mode="drop")
+
+
+@OPS.op("ScatterElements", 11, 13, 16, 18)
+@OPS.op("Scatter", 9, 11)
+def _scatter_elements(ctx):
+    axis = int(ctx.attrs.get("axis", 0))
+    reduction = _REDUCE.get(ctx.attrs.get("reduction", "none"), False)
+    if reduction is False:
+        raise ctx.error(f"reduction must be one of {list(_REDUCE)}, got {ctx.attrs.get('reduction')!r}")
+
+    def scatter_elements(data, indices, updates):
+        data = jnp.asarray(data)
+        a = axis_index(ctx, axis, data.ndim)
+        if jnp.shape(indices) != jnp.shape(updates) or jnp.ndim(indices) != data.ndim:
+            raise ctx.error(f"indices {jnp.shape(indices)} and updates {jnp.shape(updates)} must have one shape, "
+                            f"of the data's rank {data.ndim}")
+        idx = checked_indices(ctx, indices, data.shape[a], f"axis {a}")
+        grid = list(jnp.meshgrid(*(jnp.arange(n) for n in jnp.shape(indices)), indexing="ij"))
+        grid[a] = idx
+        return _scatter(data, tuple(grid), updates, reduction)
+
+    return scatter_elements
+
+
+@OPS.op("ScatterND", 11, 13, 16, 18)
+def _scatter_nd(ctx):
+    reduction = _REDUCE.get(ctx.attrs.get("reduction", "none"), False)
+    if reduction is False:
+        raise ctx.error(f"reduction must be one of {list(_REDUCE)}, got {ctx.attrs.get('reduction')!r}")
+
+    def scatter_nd(data, indices, updates):
+        data = jnp.asarray(data)
+        k = jnp.shape(indices)[-1]
+        if k > data.ndim or jnp.shape(updates) != jnp.shape(indices)[:-1] + data.shape[k:]:
+            raise ctx.error(f"updates {jnp.shape(updates)} do not fit indices {jnp.shape(indices)} into data "
+                            f"{data.shape}")
+        index = tuple(checked_indices(ctx, indices[..., i], data.shape[i], f"axis {i}") for i in range(k))
+        return _scatter(data, index, updates, reduction)
+
+    return scatter_nd
+
+
+@OPS.op("TopK", 10, 11, 24, static_inputs=(1,))
+def _top_k(ctx):
+    axis = int(ctx.attrs.get("axis", -1))
+    largest, ordered = bool(ctx.attrs.get("largest", 1)), bool(ctx.attrs.get("sorted", 1))
+
+    def top_k(x, k):
+        x = jnp.asarray(x)
+        a = axis_index(ctx, axis, x.ndim)
+        k = int(np.reshape(k, -1)[0])
+        if not 0 <= k <= x.shape[a]:
+            raise ctx.error(f"k={k} is out of range for an axis of {x.shape[a]}")
+        moved = jnp.moveaxis(x, a, -1)
+        # Ties keep the lower index first, as ONNX specifies: a stable sort on (value, index).
+        # Descending by a key that reverses the order exactly: ~x for integers (-x wraps), -x for floats.
+        key = (jnp.invert(moved) if jnp.issubdtype(moved.dtype, jnp.integer) else -moved) if largest else moved
+        order = jnp.argsort(key, axis=-1, stable=True)[..., :k]
+        if not ordered:
+            order = jnp.sort(order, axis=-1)
+        values = jnp.take_along_axis(moved, order, axis=-1)
+        return jnp.moveaxis(values, -1, a), jnp.moveaxis(order.astype(jnp.int64), -1, a)
+
+    return top_k
+
+
+@OPS.op("OneHot", 9, 11, 28, static_inputs=(1,))
+def _one_hot(ctx):
+    axis = int(ctx.attrs.get("axis", -1))
+
+    def one_hot(indices, depth, values):
+        depth = int(np.reshape(depth, -1)[0])
+        if depth < 1:
+            raise ctx.error(f"depth must be at least 1, got {depth}")
+        rank = jnp.ndim(indices) + 1
+        a = axis_index(ctx, axis, rank)
+        shape = list(jnp.shape(indices))
+        shape.insert(a, depth)
+        ctx.check_size(tuple(shape), jnp.result_type(values), "the output")
+        idx = jnp.asarray(indices).astype(jnp.int64)
+        idx = jnp.where(idx < 0, idx + depth, idx)
+        hot = jnp.expand_dims(idx, a) == jnp.arange(depth).reshape([depth if i == a else 1 for i in range(rank)])
+        return jnp.where(hot, values[1], values[0])
+
+    return one_hot
+
+
+def _concrete(ctx, value, what):
+    known = as_static(value)
+    if known is None:
+        raise ValueDependentError(ctx.message(f"its output size depends on the values of {what}: run the model op by "
+                                              f"op (prepare(..., jit=False)) outside jax.jit"))
+    return known
+
+
+@OPS.op("Compress", 9, 11, 28)
+def _compress(ctx):
+    axis = ctx.attrs.get("axis")
+
+    def compress(x, condition):
+        keep = np.nonzero(np.reshape(_concrete(ctx, condition, "condition"), -1))[0]
+        if axis is None:
+            flat = jnp.reshape(x, -1)
+            return jnp.take(flat, keep[keep < flat.shape[0]])
+        a = axis_index(ctx, int(axis), jnp.ndim(x))
+        return jnp.take(x, keep[keep < jnp.shape(x)[a]], axis=a)
+
+    return compress
+
+
+@OPS.op("NonZero", 9, 13)
+def _non_zero(ctx):
+    def non_zero(x):
+        return np.asarray(np.nonzero(_concrete(ctx, x, "X")), np.int64).reshape(np.ndim(x), -1)
+
+    return non_zero
+
+
+@OPS.op("Unique", 11, 28)
+def _unique(ctx):
+    axis, ordered = ctx.attrs.get("axis"), bool(ctx.attrs.get("sorted", 1))
+
+    def unique(x):
+        x = _concrete(ctx, x, "X")
+        a = None if axis is None else axis_index(ctx, int(axis), x.ndim)
+        values, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True, return_counts=True,
+                                                   axis=a)
+        inverse = np.reshape(inverse, -1)
+        if not ordered:  # in order of first occurrence
+            order = np.argsort(first, kind="stable")
+            rank = np.empty_like(order)
+            rank[order] = np.arange(order.size)
+            values = np.take(values, order, axis=0 if a is None else a)
+            first, counts, inverse = first[order], counts[order], rank[inverse]
+        return values, first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64)
+
+    return unique
+
+
+@OPS.op("ReverseSequence", 10, 28)
+def _reverse_sequence(ctx):
+    batch_axis, time_axis = int(ctx.attrs.get("batch_axis", 1)), int(ctx.attrs.get("time_axis", 0))
+    if {batch_axis, time_axis} != {0, 1}:
+        raise ctx.error(f"batch_axis and time_axis must be 0 and 1, got {batch_axis} and {time_axis}")
+
+    def reverse_sequence(x, lens):
+        x = jnp.asarray(x)
+        steps = x.shape[time_axis]
+        t = jnp.arange(steps).reshape([steps if i == time_axis else 1 for i in range(2)])
+        n = jnp.reshape(lens, [-1 if i == batch_axis else 1 for i in range(2)]).astype(jnp.int64)
+        source = jnp.where(t < n, n - 1 - t, t)  # (time, batch) or (batch, time)
+        source = jnp.reshape(source, source.shape + (1,) * (x.ndim - 2))
+        return jnp.take_along_axis(x, jnp.broadcast_to(source, x.shape), axis=time_axis)
+
+    return reverse_sequence
+
+
+@OPS.op("EyeLike", 9, 22)
+def _eye_like(ctx):
+    k = int(ctx.attrs.get("k", 0))
+    declared = ctx.attrs.get("dtype")
+
+    def eye_like(x):
+        if jnp.ndim(x) != 2:
+            raise ctx.error(f"the input must be 2-D, got shape {jnp.shape(x)}")
+        dtype = onnx_dtype(declared, ctx.message("dtype")) if declared else jnp.result_type(x)
+        return jnp.eye(*jnp.shape(x), k=k, dtype=dtype)
+
+    return eye_like
+
+
+@OPS.op("DepthToSpace", 1, 11, 13, 28)
+def _depth_to_space(ctx):
+    b, mode = int(ctx.attrs.get("blocksize", 0)), ctx.attrs.get("mode", "DCR")
+    if b < 1 or mode not in ("DCR", "CRD"):
+        raise ctx.error(f"blocksize must be >= 1 and mode 'DCR' or 'CRD', got {b} and {mode!r}")
+
+    def depth_to_space(x):
+        n, c, h, w = jnp.shape(x)
+        if c % (b * b):
+            raise ctx.error(f"channels {c} are not a multiple of blocksize^2 = {b * b}")
+        if mode == "DCR":
+            y = jnp.transpose(jnp.reshape(x, (n, b, b, c // (b * b), h, w)), (0, 3, 4, 1, 5, 2))
+        else:
+            y = jnp.transpose(jnp.reshape(x, (n, c // (b * b), b, b, h, w)), (0, 1, 4, 2, 5, 3))
+        return jnp.reshape(y, (n, c // (b * b), h * b, w * b))
+
+    return depth_to_space
+
+
+@OPS.op("SpaceToDepth", 1, 13, 28)
+def _space_to_depth(ctx):
+    b, mode = int(ctx.attrs.get("blocksize", 0)), ctx.attrs.get("mode", "DCR")
+    if b < 1 or mode not in ("DCR", "CRD"):
+        raise ctx.error(f"blocksize must be >= 1 and mode 'DCR' or 'CRD', got {b} and {mode!r}")
+
+    def space_to_depth(x):
+        n, c, h, w = jnp.shape(x)
+        if h % b or w % b:
+            raise ctx.error(f"height {h} and width {w} must be multiples of blocksize {b}")
+        perm = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+        y = jnp.transpose(jnp.reshape(x, (n, c, h // b, b, w // b, b)), perm)
+        return jnp.reshape(y, (n, c * b * b, h // b, w // b))
+
+    return space_to_depth
+
+
+@OPS.op("CenterCropPad", 18, static_inputs=(1,))
+def _center_crop_pad(ctx):
+    axes = ctx.attrs.get("axes")
+
+    def center_crop_pad(x, shape):
+        x = jnp.asarray(x)
+        targets = [int(s) for s in np.reshape(shape, -1)]
+        chosen = list(range(x.ndim)) if axes is None else [axis_index(ctx, int(a), x.ndim) for a in axes]
+        if len(targets) != len(chosen):
+            raise ctx.error(f"shape {targets} gives {len(targets)} sizes for {len(chosen)} axes")
+        out = list(x.shape)
+        for a, t in zip(chosen, targets):
+            out[a] = t
+        ctx.check_size(tuple(out), x.dtype, "the output")
+        for a, t in zip(chosen, targets):
+            size = x.shape[a]
+            if t < size:  # crop: the centre, the extra element taken from the end
+                start = (size - t) // 2
+                x = lax.slice_in_dim(x, start, start + t, axis=a)
+            elif t > size:  # pad: the extra element added at the end
+                before = (t - size) // 2
+                widths = [(0, 0)] * x.ndim
+                widths[a] = (before, t - size - before)
+                x = jnp.pad(x, widths)
+        return x
+
+    return center_crop_pad
