@@ -54,6 +54,8 @@ def _body(inputs, nodes, outputs, initializers=None):
         initializer=[numpy_helper.from_array(v, k) for k, v in (initializers or {}).items()])
 
 
+SCATTER = ["data", "indices", "updates"]
+
 # name, op, differentiated inputs (name -> float64 value), constant inputs (name -> value, or "" for
 # an absent optional input; in the node's input order after the differentiated ones, or before
 # them when the name starts with "_"), attributes, outputs, opset
@@ -186,6 +188,35 @@ CASES = [
     ("Resize-cubic", "Resize", {"x": _x(1, 1, 5, 6)}, {"roi": "", "scales": "", "sizes": _i64(1, 1, 3, 4)},
      {"mode": "cubic", "antialias": 1, "coordinate_transformation_mode": "align_corners"}, 1, 19),
     ("Upsample", "Upsample", {"x": _x(1, 2, 2, 3)}, {"scales": np.array([1, 1, 2, 3], np.float32)}, {}, 1, 9),
+    ("ScatterElements", "ScatterElements", {"data": _x(3, 3), "updates": _x(2, 3)},
+     {"indices": np.array([[1, 0, 2], [0, 2, 1]], np.int64)}, {"axis": 0, "_order": SCATTER}, 1, 18),
+    ("ScatterElements-add", "ScatterElements", {"data": _x(3, 3), "updates": _x(2, 3)},
+     {"indices": np.array([[1, 0, 2], [1, 0, 2]], np.int64)}, {"axis": 0, "reduction": "add", "_order": SCATTER},
+     1, 18),
+    ("Scatter", "Scatter", {"data": _x(3, 3), "updates": _x(1, 2)}, {"indices": np.array([[1, 2]], np.int64)},
+     {"axis": 1, "_order": SCATTER}, 1, 9),
+    ("ScatterND", "ScatterND", {"data": _x(4, 3), "updates": _x(2, 3)}, {"indices": np.array([[3], [1]], np.int64)},
+     {"_order": SCATTER}, 1, 18),
+    ("TopK", "TopK", {"x": _away(3, 5)}, {"k": _i64(2)}, {"axis": 1, "_unused_outputs": 1}, 1, 11),
+    ("OneHot", "OneHot", {"values": _x(2)}, {"_indices": np.array([1, 0, 2], np.int64), "_depth": _i64(3)},
+     {}, 1, 11),
+    ("ReverseSequence", "ReverseSequence", {"x": _x(4, 2, 3)}, {"lens": np.array([3, 1], np.int64)},
+     {"batch_axis": 1, "time_axis": 0}, 1, 10),
+    ("DepthToSpace", "DepthToSpace", {"x": _x(1, 8, 2, 3)}, {}, {"blocksize": 2, "mode": "CRD"}, 1, 13),
+    ("SpaceToDepth", "SpaceToDepth", {"x": _x(1, 2, 4, 6)}, {}, {"blocksize": 2}, 1, 13),
+    ("CenterCropPad", "CenterCropPad", {"x": _x(3, 5, 2)}, {"shape": _i64(5, 3)}, {"axes": [0, 1]}, 1, 18),
+    ("Einsum", "Einsum", {"a": _x(2, 3, 4), "b": _x(2, 4, 5)}, {}, {"equation": "bij,bjk->bik"}, 1, 12),
+    ("Det", "Det", {"x": _x(2, 3, 3) + 2 * np.eye(3)}, {}, {}, 1, 11),
+    ("LpNormalization", "LpNormalization", {"x": _x(3, 4)}, {}, {"axis": 1, "p": 2}, 1, 17),
+    ("LpPool", "LpPool", {"x": _pos(1, 2, 4, 5)}, {}, {"kernel_shape": [2, 3], "p": 3, "strides": [1, 2],
+                                                       "pads": [0, 1, 1, 0]}, 1, 18),
+    ("GroupNormalization", "GroupNormalization", {"x": _x(2, 4, 3), "scale": _x(4), "bias": _x(4)}, {},
+     {"num_groups": 2, "stash_type": 11, "_output_shapes": [[2, 4, 3]]}, 1, 21),
+    ("MeanVarianceNormalization", "MeanVarianceNormalization", {"x": _x(2, 3, 2, 2)}, {},
+     {"_output_shapes": [[2, 3, 2, 2]]}, 1, 13),
+    ("Swish", "Swish", {"x": _x(2, 3)}, {}, {"alpha": 0.7}, 1, 24),
+    ("Shrink", "Shrink", {"x": _away(2, 3, gap=0.3)}, {}, {"bias": 0.2, "lambd": 0.1}, 1, 17),
+    ("SwiGLU", "SwiGLU", {"a": _x(2, 3), "b": _x(2, 3)}, {}, {"alpha": 1.5}, 1, 28),
     ("CumProd", "CumProd", {"x": _pos(2, 4)}, {"axis": np.array(1, np.int64)}, {"exclusive": 1, "reverse": 1}, 1, 26),
     ("If", "If", {"outer_x": _x(2, 3)}, {"_c": np.array(False)},
      {"then_branch": _body([], [("Identity", ["outer_x"], "y")], [("y", [2, 3])]),
@@ -217,10 +248,12 @@ def _loss_model(op, diff, const, attrs, n_out, opset, weights=None):
     differentiated input named ``outer_*`` is a graph input the node's sub-graphs read, not a node input."""
     attrs = dict(attrs)
     shapes = attrs.pop("_output_shapes", None)  # outputs' shapes where shape inference cannot give them
+    order = attrs.pop("_order", None)  # the node's inputs in order, where constants sit between them
+    unused = attrs.pop("_unused_outputs", 0)  # trailing outputs left out of the loss (TopK's indices)
     first = [n for n in const if n.startswith("_")]  # a constant the node takes first (Where's condition)
-    names = first + [n for n in diff if not n.startswith("outer_")] + [n for n in const if n not in first]
+    names = order or first + [n for n in diff if not n.startswith("outer_")] + [n for n in const if n not in first]
     outs = [f"out{k}" for k in range(n_out)]
-    nodes = [helper.make_node(op, names, outs, **attrs)]
+    nodes = [helper.make_node(op, names, outs + [f"unused{k}" for k in range(unused)], **attrs)]
     inits = [numpy_helper.from_array(np.asarray(v), n) for n, v in const.items() if not isinstance(v, str)]
     names_in_node = [("" if isinstance(const.get(n), str) else n) for n in names]
     nodes[0].ClearField("input")
@@ -232,7 +265,7 @@ def _loss_model(op, diff, const, attrs, n_out, opset, weights=None):
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
         model = onnx.shape_inference.infer_shapes(model)
         for out, shape in zip(model.graph.output, shapes or []):  # what inference leaves unknown (a Loop's)
-            if shape is not None and not out.type.tensor_type.HasField("shape"):
+            if shape is not None and not (out.type.HasField("tensor_type") and out.type.tensor_type.HasField("shape")):
                 out.CopyFrom(_info(out.name, np.float64, shape))
         return model
     terms = []
@@ -285,7 +318,11 @@ def test_every_differentiable_operator_is_checked():
         "IsInf", "Shape", "Size", "Constant", "ConstantOfShape", "Range", "ArgMax", "ArgMin", "Cast",
         "CastLike", "Floor", "Ceil", "Round", "Sign", "Mod", "BitShift",
         # integer outputs; a QDQ pair's straight-through gradient is tests/test_onnx_quantized.py's
-        "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
+        "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "QLinearMatMul",
+        "ConvInteger", "QLinearConv", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "EyeLike", "NonZero",
+        "HannWindow", "HammingWindow", "BlackmanWindow",
+        "Hardmax",  # piecewise constant: 0 almost everywhere
+        "Compress", "Unique",  # output sizes that depend on values: op by op only, never traced
     }
     checked = {c[1] for c in CASES}
     table = {op for domain, op, _ in optkit.onnx.supported_ops() if domain == ""}
