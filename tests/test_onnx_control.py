@@ -169,3 +169,27 @@ def test_names_are_read_through_two_levels_of_sub_graphs():
     apply_fn, params = optkit.onnx.to_jax(model)
     dw = jax.grad(lambda w_: jnp.sum(apply_fn(params, v, w_)))(jnp.asarray(w))
     np.testing.assert_allclose(dw, 2 * v * w + w + w, rtol=1e-6)  # d/dw of v w^2 + w^2
+
+
+def _nested_ifs(levels):
+    """``levels`` If nodes, each the then-branch of the one above; every branch ends in Neg(x)."""
+    leaf = helper.make_graph([helper.make_node("Neg", ["x"], ["y0"])], "leaf", [], [_info("y0", F, [2])])
+    body = leaf
+    for level in range(1, levels + 1):  # (the else-branch a leaf: the file grows linearly with the levels)
+        else_b = helper.make_graph([helper.make_node("Neg", ["x"], [f"e{level}"])], "leaf", [],
+                                   [_info(f"e{level}", F, [2])])
+        node = helper.make_node("If", ["c"], [f"y{level}"], then_branch=body, else_branch=else_b, name=f"if{level}")
+        body = helper.make_graph([node], f"level{level}", [], [_info(f"y{level}", F, [2])])
+    graph = helper.make_graph(list(body.node), "g", [_info("x", F, [2]), _info("c", B, [])],
+                              [_info(f"y{levels}", F, [2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_sub_graphs_nested_deeper_than_the_bound_are_refused_without_recursion_errors():
+    x = np.array([1.0, -2.0], np.float32)
+    out = optkit.onnx.prepare(_nested_ifs(8)).run({"x": x, "c": np.array(True)})
+    np.testing.assert_allclose(out[0], -x)
+    with pytest.raises(ValueError, match=r"node 'if12' .*sub-graphs nest more than 8 deep"):
+        optkit.onnx.prepare(_nested_ifs(20))  # (protobuf itself parses at most about 30)
+    with pytest.raises(ValueError, match=r"sub-graphs nest more than 8 deep"):
+        optkit.onnx.prepare(_nested_ifs(9))

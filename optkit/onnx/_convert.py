@@ -27,7 +27,7 @@ import onnx
 from optkit import Graph
 from optkit._src.graph.analysis import StepBudget
 from optkit.onnx._analysis import check_gradient_work, static_inputs
-from optkit.onnx._limits import MAX_ANALYSIS_STEPS, Limits, check_size
+from optkit.onnx._limits import MAX_ANALYSIS_STEPS, MAX_SUBGRAPH_DEPTH, Limits, check_size
 from optkit.onnx._operators import Operators
 from optkit.onnx._ops._registry import GradientRequest, NodeContext, OpSpec
 from optkit.onnx._ops._values import TRAINING_DOMAIN, as_static, is_static, node_name, normalize_domain
@@ -73,6 +73,7 @@ class Scope:
     budget: StepBudget
     outer: frozenset[str] = frozenset()
     subgraph: bool = False
+    depth: int = 0
 
 
 def convert(model: onnx.ModelProto, operators: Operators, limits: Limits) -> Converted:
@@ -89,7 +90,7 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     defined |= {out for node in g.node for out in node.output if out}
     read = [name for node in g.node for name in node.input if name and name not in defined]
     captured = [name for name in dict.fromkeys(read) if name in scope.outer]
-    inner = dataclasses.replace(scope, outer=scope.outer | defined, subgraph=True)
+    inner = dataclasses.replace(scope, outer=scope.outer | defined, subgraph=True, depth=scope.depth + 1)
 
     graph = Graph()
     for info in declared.inputs:
@@ -128,6 +129,9 @@ def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope,
     captures: list[str] = []
 
     def subgraph(body: onnx.GraphProto, where: str) -> Converted:
+        if scope.depth > MAX_SUBGRAPH_DEPTH:
+            raise ValueError(f"{where}: sub-graphs nest more than {MAX_SUBGRAPH_DEPTH} deep (If, Loop and Scan "
+                             f"bodies inside one another), more than optkit.onnx runs")
         converted = convert_graph(body, scope)
         captures.extend(converted.captures)
         return converted
@@ -148,7 +152,7 @@ def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope,
         q_attrs = parse_attributes(quantized_by, scope.operators.row(quantized_by)[2], ctx.where)
         built = straight_through(ctx, q_attrs)
         inputs = [quantized_by.input[0], *inputs[1:]]
-    extra = [c for c in dict.fromkeys(captures) if c not in inputs]
+    extra = list(dict.fromkeys(captures))  # (a captured name that is also a node input comes twice)
     fn = _node_function(built, ctx, spec, schema, len(inputs), extra, scope.limits.max_tensor_bytes)
     graph.add(fn, inputs=inputs + extra, outputs=list(node.output), name=name)
     return spec, captures

@@ -20,7 +20,7 @@ from optkit.onnx._errors import TensorTooLargeError
 
 __all__ = ["Limits", "default_max_tensor_bytes", "check_size", "MAX_GRADIENT_DEPTH",
            "GRADIENT_DEPTH_CEILING", "MAX_EXPANDED_NODES", "MAX_DIM", "MAX_EMPTY_EXTENT", "MAX_GRADIENT_PASSES",
-           "MAX_ANALYSIS_STEPS", "jax_device"]
+           "MAX_ANALYSIS_STEPS", "MAX_SUBGRAPH_DEPTH", "jax_device"]
 
 # Gradient nodes nested deeper than this are refused at load time: each level of
 # nesting differentiates the level below it again, about tripling the work (8
@@ -38,6 +38,10 @@ MAX_EXPANDED_NODES = 100_000
 MAX_GRADIENT_PASSES = 4096
 # The steps the load-time walks over the Gradient nodes' sub-graphs may take in all.
 MAX_ANALYSIS_STEPS = 5_000_000
+# Sub-graphs (If branches, Loop and Scan bodies) nested deeper than this are refused at load time: tracing an If
+# whose condition is computed traces both branches, so nested Ifs cost 2**depth traces (8 levels: 256, about
+# a second), and each level takes Python frames (Python's recursion limit is near 1000).
+MAX_SUBGRAPH_DEPTH = 8
 # The largest dimension of any tensor a model declares or computes.
 MAX_DIM = 2**31 - 1
 # An empty tensor's non-zero dimensions multiply to at most this: XLA:CPU's cost for an empty array
