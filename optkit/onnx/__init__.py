@@ -94,7 +94,12 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
+    """``optkit.onnx.OnnxModule``, imported on first use (it needs flax, which optkit.onnx alone does not).
+
+    Raises:
+      ImportError: flax is not installed. AttributeError: any other name.
+    """
     if name == "OnnxModule":  # needs flax, which optkit.onnx alone does not
         try:
             from optkit.onnx._nnx import OnnxModule

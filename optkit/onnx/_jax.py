@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import onnx
 
 from optkit._src.graph.names import check_feed
 from optkit.onnx._convert import Converted
@@ -81,7 +82,7 @@ class OnnxFunction:
 
     def __init__(self, loaded: Converted, param_specs: Mapping[str, tuple[tuple[int, ...], np.dtype]],
                  outputs: tuple[str, ...], single: bool) -> None:
-        self.model = loaded.model
+        self.model: onnx.ModelProto | None = loaded.model
         self.inputs: tuple[InputInfo, ...] = loaded.inputs
         self.outputs: tuple[str, ...] = outputs
         self.param_names: tuple[str, ...] = tuple(param_specs)
