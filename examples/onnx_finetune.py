@@ -58,6 +58,17 @@ def any_batch(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def onnx_runtime_accuracy(path: str, input_name: str, x: np.ndarray, y: np.ndarray) -> float | None:
+    """The accuracy of the saved classifier at ``path`` run by ONNX Runtime, or None when it is not installed."""
+    try:
+        import onnxruntime
+    except ImportError:
+        print("onnxruntime is not installed: the saved model was not run by ONNX Runtime")
+        return None
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return float(np.mean(np.argmax(session.run(None, {input_name: x})[0], axis=1) == y))
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=str(DEFAULT_MODEL), help="an exported classifier (default: ResNet-18 "
@@ -102,15 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
     logits = optkit.onnx.prepare(tuned).run([x_test])[0]
     accuracy = float(np.mean(np.argmax(logits, axis=1) == y_test))
     before = float(np.mean(np.argmax(infer.run([x_test])[0], axis=1) == y_test))
-    ort_accuracy = None
-    try:
-        import onnxruntime
-    except ImportError:
-        print("onnxruntime is not installed: the saved model was checked with optkit.onnx only")
-    else:
-        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-        ort_logits = session.run(None, {input_name: x_test})[0]
-        ort_accuracy = float(np.mean(np.argmax(ort_logits, axis=1) == y_test))
+    ort_accuracy = onnx_runtime_accuracy(path, input_name, x_test, y_test)
     print(f"first training step (load, compile, run): {first_step_s:.1f} s")
     print(f"test accuracy: {before:.3f} before, {accuracy:.3f} after {args.steps} steps"
           + ("" if ort_accuracy is None else f" (ONNX Runtime on the saved file: {ort_accuracy:.3f})"))

@@ -47,7 +47,7 @@ import optkit.onnx  # noqa: E402
 if __package__ in (None, ""):  # run as a file: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from examples.onnx_finetune import DEFAULT_MODEL, any_batch, images  # noqa: E402
+from examples.onnx_finetune import DEFAULT_MODEL, any_batch, images, onnx_runtime_accuracy  # noqa: E402
 
 
 def make_optimizer(name: str, lr: float | None, steps: int) -> optax.GradientTransformation:
@@ -119,15 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     tuned = optkit.onnx.with_initializers(model, jax.device_get(params))
     path = os.path.join(args.out, f"finetuned_{args.optimizer}.onnx")
     onnx.save(tuned, path)
-    ort_accuracy = None
-    try:
-        import onnxruntime
-    except ImportError:
-        print("onnxruntime is not installed: the saved model was not run by ONNX Runtime")
-    else:
-        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-        ort_logits = session.run(None, {model.graph.input[0].name: x_test})[0]
-        ort_accuracy = float(np.mean(np.argmax(ort_logits, axis=1) == y_test))
+    ort_accuracy = onnx_runtime_accuracy(path, model.graph.input[0].name, x_test, y_test)
     print(f"first training step (compile and run): {first_step_s:.1f} s; {len(devices)} device(s)")
     print(f"test accuracy: {before:.3f} before, {accuracy:.3f} after {args.steps} steps of {args.optimizer}"
           + ("" if ort_accuracy is None else f" (ONNX Runtime on the saved file: {ort_accuracy:.3f})"))

@@ -85,14 +85,18 @@ def _instance_normalization(ctx):
     return instance_normalization
 
 
-@OPS.op("RMSNormalization", 23)
-def _rms_normalization(ctx):
-    """Y = X / sqrt(mean(X^2 over axes axis..-1) + epsilon) * scale, the statistics in ``stash_type``."""
-    axis = ctx.attrs.get("axis", -1)
-    eps = ctx.attrs.get("epsilon", 1e-5)
+def _stash_type(ctx):
+    """The ``stash_type`` attribute (the statistics' type, float32 by default), a floating-point type."""
     stash = onnx_dtype(ctx.attrs.get("stash_type", 1), ctx.message("attribute 'stash_type'"))
     if not jnp.issubdtype(stash, jnp.floating):
         raise ctx.error(f"stash_type must be a floating-point type, got {stash}")
+    return stash
+
+
+@OPS.op("RMSNormalization", 23)
+def _rms_normalization(ctx):
+    """Y = X / sqrt(mean(X^2 over axes axis..-1) + epsilon) * scale, the statistics in ``stash_type``."""
+    axis, eps, stash = ctx.attrs.get("axis", -1), ctx.attrs.get("epsilon", 1e-5), _stash_type(ctx)
 
     def rms_normalization(x, scale):
         rank = jnp.ndim(x)
@@ -110,11 +114,7 @@ def _rms_normalization(ctx):
 
 @OPS.op("LayerNormalization", 17)
 def _layer_normalization(ctx):
-    axis = ctx.attrs.get("axis", -1)
-    eps = ctx.attrs.get("epsilon", 1e-5)
-    stash = onnx_dtype(ctx.attrs.get("stash_type", 1), ctx.message("attribute 'stash_type'"))
-    if not jnp.issubdtype(stash, jnp.floating):
-        raise ctx.error(f"stash_type must be a floating-point type, got {stash}")
+    axis, eps, stash = ctx.attrs.get("axis", -1), ctx.attrs.get("epsilon", 1e-5), _stash_type(ctx)
 
     def layer_normalization(x, scale, bias=None):
         rank = jnp.ndim(x)
@@ -188,8 +188,7 @@ def _group_normalization(ctx):
     """Statistics over each group of ``num_groups`` channels (and the spatial axes); version 18 scales and shifts
     per group, version 21 per channel, computing in ``stash_type``."""
     groups, eps = int(ctx.attrs.get("num_groups", 0)), ctx.attrs.get("epsilon", 1e-5)
-    stash = onnx_dtype(ctx.attrs.get("stash_type", 1), ctx.message("attribute 'stash_type'")) if ctx.version >= 21 \
-        else None
+    stash = _stash_type(ctx) if ctx.version >= 21 else None
 
     def group_normalization(x, scale, bias):
         n, c = jnp.shape(x)[:2]
