@@ -64,6 +64,17 @@ def _single(outputs: tuple) -> Any:
     return outputs[0] if len(outputs) == 1 else outputs
 
 
+def _carried(ctx, out, carry, what):
+    """A body's new carried values in the dtypes of the old ones (a traced loop's carry keeps its type); a
+    changed shape is refused naming the node (op by op, ``jit=False``, ONNX lets it change)."""
+    new = tuple(jnp.asarray(o).astype(c.dtype) for o, c in zip(out, carry))
+    for value, old, name in zip(new, carry, ctx.outputs):
+        if value.shape != old.shape:
+            raise ctx.error(f"{what} {name!r} changes shape from {old.shape} to {value.shape} in the body: run the "
+                            f"model op by op (prepare(..., jit=False)) outside jax.jit")
+    return new
+
+
 # ----------------------------------------------------------------------------- If
 
 
@@ -128,11 +139,7 @@ def _scan_core(ctx, run, states, scans, in_axes, in_dirs, out_axes, out_dirs, n_
 
     def step(carry, xs):
         out = run(*carry, *xs)
-        new = tuple(jnp.asarray(o).astype(c.dtype) for o, c in zip(out[:len(carry)], carry))
-        for value, old, name in zip(new, carry, ctx.outputs):
-            if value.shape != old.shape:
-                raise ctx.error(f"state {name!r} changes shape from {old.shape} to {value.shape} in the body")
-        return new, tuple(jnp.asarray(o) for o in out[len(carry):])
+        return _carried(ctx, out[:len(carry)], carry, "state"), tuple(jnp.asarray(o) for o in out[len(carry):])
 
     shapes = jax.eval_shape(step, init, tuple(x[0] for x in moved))[1]
     for shape, name in zip(shapes, ctx.outputs[len(init):]):
@@ -266,12 +273,7 @@ def _loop_traced(ctx, body, captured, trip, trip_count, cond, values, n, k):
     constant = outer_true and _constant_true_condition(run, n, init)
 
     def fixed(out, carry):
-        new = tuple(jnp.asarray(o).astype(c.dtype) for o, c in zip(out, carry))
-        for value, old, name in zip(new, carry, ctx.outputs):
-            if value.shape != old.shape:
-                raise ctx.error(f"loop-carried value {name!r} changes shape from {old.shape} to {value.shape}: "
-                                f"run the model op by op (prepare(..., jit=False)) outside jax.jit")
-        return new
+        return _carried(ctx, out, carry, "loop-carried value")
 
     if trip is not None and constant:
         if trip > MAX_TRIP_COUNT:
@@ -325,8 +327,7 @@ def _while(ctx, body, captured, n, limit, c0, init):
         def step(state):
             i, going, carry = state
             out = run(i, going, *carry)
-            new = tuple(jnp.asarray(o).astype(c.dtype) for o, c in zip(out[1:1 + n], carry))
-            return i + 1, jnp.reshape(out[0], ()).astype(bool), new
+            return i + 1, jnp.reshape(out[0], ()).astype(bool), _carried(ctx, out[1:1 + n], carry, "loop-carried value")
 
         return lax.while_loop(keep_going, step, (jnp.zeros((), jnp.int64), c0, init))[2]
 
