@@ -34,6 +34,26 @@ from optkit.onnx._protos import InputInfo
 __all__ = ["Backend", "BackendRep", "prepare", "run_model", "run_node"]
 
 
+def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], static: dict[str, np.ndarray],
+                   dynamic: tuple[str, ...], *, jit: bool = True):
+    """``f(*values)`` -> the ``outputs`` of ``graph`` fed ``dynamic`` names positionally and ``static`` values as
+    constants (the feeds checked by the caller); made once per ``dynamic`` names and ``static`` values, kept in
+    ``cache``. Shared by :class:`BackendRep` and :class:`~optkit.onnx.OnnxFunction`."""
+    key = (dynamic, tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
+    fn = cache.get(key)
+    if fn is None:
+        outputs = list(outputs)
+
+        def run(*values):
+            feeds = dict(zip(dynamic, values))
+            feeds.update(static)
+            result = graph.evaluate(feeds, outputs, check_feeds=False)
+            return tuple(result[name] for name in outputs)
+
+        fn = cache[key] = jax.jit(run) if jit else run
+    return fn
+
+
 class BackendRep(onnx.backend.base.BackendRep):
     """A loaded ONNX model, ready to run as one compiled JAX function.
 
@@ -173,20 +193,7 @@ class BackendRep(onnx.backend.base.BackendRep):
     # -------------------------------------------------------------- running
 
     def _function(self, static: dict[str, np.ndarray], dynamic: tuple[str, ...]):
-        key = (dynamic, tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
-        fn = self._functions.get(key)
-        if fn is None:
-            graph, outputs = self.graph, self.outputs
-
-            def graph_function(*values):
-                feeds = dict(zip(dynamic, values))
-                feeds.update(static)
-                result = graph.evaluate(feeds, outputs, check_feeds=False)  # checked by run()
-                return tuple(result[name] for name in outputs)
-
-            fn = jax.jit(graph_function) if self._jit else graph_function
-            self._functions[key] = fn
-        return fn
+        return graph_function(self._functions, self.graph, self.outputs, static, dynamic, jit=self._jit)
 
     def run(self, inputs: Any, *, as_numpy: bool = True, **kwargs: Any) -> tuple[Any, ...]:
         """Run the model on ``inputs``; the outputs in ``graph.output`` order.

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from optkit._src.graph.names import check_feed
+from optkit.onnx._backend import graph_function
 from optkit.onnx._convert import Converted
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits
@@ -101,7 +102,8 @@ class OnnxFunction:
             static = {name: np.asarray(value) for name, value in feeds.items()
                       if name in self._static and not isinstance(value, jax.core.Tracer)}
             dynamic = tuple(name for name in feeds if name not in static)
-            result = self._function(static, dynamic)(params, *(feeds[name] for name in dynamic))
+            run = graph_function(self._functions, self._graph, self.outputs, static, (*params, *dynamic))
+            result = run(*params.values(), *(feeds[name] for name in dynamic))
         return result[0] if self._single else result
 
     def __repr__(self) -> str:
@@ -166,21 +168,6 @@ class OnnxFunction:
             value = value.astype(info.dtype)
         check_feed(info.name, value, info.shape, info.dtype, exact=True)
         return value
-
-    def _function(self, static: dict[str, np.ndarray], dynamic: tuple[str, ...]):
-        key = (dynamic, tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
-        fn = self._functions.get(key)
-        if fn is None:
-            graph, outputs = self._graph, list(self.outputs)
-
-            def graph_function(params, *values):
-                feeds = {**params, **dict(zip(dynamic, values)), **static}
-                result = graph.evaluate(feeds, outputs, check_feeds=False)  # checked by __call__
-                return tuple(result[name] for name in outputs)
-
-            fn = self._functions[key] = jax.jit(graph_function)
-        return fn
-
 
 def to_jax(
     model: ModelSource,
