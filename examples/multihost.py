@@ -28,10 +28,16 @@ JAX's initialization, heartbeat and collective timeouts, and kills every
 worker as soon as one fails, or all of them after ``--timeout`` seconds, so a
 dead or stalled worker never leaves processes behind.
 
+With ``--onnx`` the model is instead the MLP that torch.onnx exported
+(``tests/models/torch_torchscript_mlp.onnx``, 64-32-10), made a JAX function by
+:func:`optkit.onnx.to_jax`: data parallel, its parameters replicated and the
+batch split over all 8 devices of both processes.
+
 Run from the repository root (about 30 s on 2 CPU cores)::
 
     python examples/multihost.py
     python examples/multihost.py --steps 20 --out /tmp/multihost
+    python examples/multihost.py --onnx       # the exported ONNX model, data parallel
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ PARAMS = {
     "b2": ((10,), ()),
 }
 BATCH = 32
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ONNX_MODEL = os.path.join(ROOT, "tests", "models", "torch_torchscript_mlp.onnx")  # 64 -> 32 -> 10, torch.onnx
 _FAULT = "OPTKIT_MULTIHOST_FAULT"  # tests: "exit:<process>" or "stall:<process>"
 
 
@@ -70,6 +78,9 @@ def parse_args(argv=None):
     parser.add_argument("--devices-per-process", type=int, default=4, help="CPU devices per process (default 4)")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds before every worker is killed (default 300)")
+    parser.add_argument("--onnx", action="store_true",
+                        help=f"train the exported ONNX MLP ({os.path.relpath(ONNX_MODEL, ROOT)}) through "
+                             "optkit.onnx.to_jax, data parallel, instead of the sharded MLP")
     parser.add_argument("--verbose", action="store_true",
                         help="show the collectives library's connection lines ([Gloo] ...) too")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
@@ -173,6 +184,40 @@ def loss_fn(params, x, y):
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
 
 
+def onnx_model():
+    """``(apply_fn, params)`` of the exported MLP by :func:`optkit.onnx.to_jax`, its batch size left free
+    (the export fixed it at 4); ``params`` are NumPy arrays, the same on every process."""
+    import numpy as np
+
+    import optkit.onnx
+
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from examples.onnx_finetune import any_batch
+
+    apply_fn, params = optkit.onnx.to_jax(any_batch(optkit.onnx.load_model(ONNX_MODEL)))
+    return apply_fn, {name: np.asarray(value) for name, value in params.items()}
+
+
+def model(onnx: bool, seed: int):
+    """``(initial parameters, loss_fn, {name: PartitionSpec entries}, batch PartitionSpec entries)``.
+
+    The MLP: its hidden layer split along ``model``, the batch along ``data``.
+    The exported ONNX MLP: data parallel, every parameter replicated and the
+    batch split over both axes (all 8 devices, across the processes)."""
+    if not onnx:
+        return initial_params(seed), loss_fn, {name: spec for name, (_, spec) in PARAMS.items()}, ("data",)
+    import jax.numpy as jnp
+    import optax
+
+    apply_fn, params = onnx_model()
+
+    def onnx_loss(p, x, y):
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(apply_fn(p, x), y))
+
+    return params, onnx_loss, {name: () for name in params}, (("data", "model"),)
+
+
 def batches(steps: int, batch_size: int):
     """The same ``steps`` digits batches on every process: scaled 8x8 images and labels."""
     import numpy as np
@@ -192,14 +237,14 @@ def make_optimizer(name: str):
     return {"adam": lambda: optkit.adam(1e-2), "adafactor": lambda: optkit.adafactor(1e-2)}[name]()
 
 
-def make_step(tx, **jit_kwargs):
+def make_step(tx, loss=loss_fn, **jit_kwargs):
     import jax
     import optax
 
     def step(params, state, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        loss_value, grads = jax.value_and_grad(loss)(params, x, y)
         updates, state = tx.update(grads, state, params)
-        return optax.apply_updates(params, updates), state, loss
+        return optax.apply_updates(params, updates), state, loss_value
 
     return jax.jit(step, donate_argnums=(0, 1), **jit_kwargs)
 
@@ -250,8 +295,9 @@ def worker(args) -> None:
     mesh = Mesh(devices.reshape(-1, args.processes).T, ("data", "model"), axis_types=(AxisType.Auto,) * 2)
     # The mesh checkpoints are restored onto: the model axis inside each process.
     other = Mesh(devices.reshape(args.processes, -1), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-    param_shardings = {name: NamedSharding(mesh, P(*spec)) for name, (_, spec) in PARAMS.items()}
-    data_sharding = NamedSharding(mesh, P("data"))
+    start, objective, specs, batch_spec = model(args.onnx, args.seed)
+    param_shardings = {name: NamedSharding(mesh, P(*spec)) for name, spec in specs.items()}
+    data_sharding = NamedSharding(mesh, P(*batch_spec))
     replicated = NamedSharding(mesh, P())
 
     def global_array(value, sharding):
@@ -263,18 +309,18 @@ def worker(args) -> None:
         tree = jax.block_until_ready(jax.jit(lambda t: t, out_shardings=NamedSharding(on, P()))(tree))
         return jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), tree)
 
-    start = initial_params(args.seed)
     data = list(batches(args.steps, args.batch_size))
     losses = {}
     if main:
         print(f"{jax.process_count()} processes, {len(jax.devices())} devices, mesh {dict(mesh.shape)}; "
-              f"the model axis spans processes {sorted({d.process_index for d in mesh.devices[0]})}")
+              f"the model axis spans processes {sorted({d.process_index for d in mesh.devices[0]})}; "
+              + (f"the exported {os.path.basename(ONNX_MODEL)}, data parallel" if args.onnx else "an MLP"))
     for name in OPTIMIZERS:
         tx = make_optimizer(name)
         params = {k: global_array(v, param_shardings[k]) for k, v in start.items()}
         state = jax.jit(tx.init)(params)
         shardings = jax.tree.map(lambda a: a.sharding, (params, state))
-        step = make_step(tx, out_shardings=(*shardings, replicated))
+        step = make_step(tx, objective, out_shardings=(*shardings, replicated))
         losses[name] = []
         for x, y in tqdm(data, desc=f"{name} (process {me})", disable=not main, ncols=80):
             params, state, loss = step(params, state, global_array(x, data_sharding), global_array(y, data_sharding))

@@ -13,6 +13,9 @@ against expectations computed in this process:
 - the Orbax checkpoint both processes wrote restores bit for bit onto a
   different mesh with 2 processes (checked by the workers) and onto one
   device in this single process;
+- an exported ONNX model (``--onnx``: torch.onnx's MLP through
+  ``optkit.onnx.to_jax``), trained data parallel with the batch split over
+  both processes, equals the same steps on one device and restores;
 - a worker that dies, or stalls, ends the run with an error and leaves no
   process behind.
 """
@@ -64,11 +67,12 @@ def _leftovers(marker: str) -> list[int]:
     return found
 
 
-def _one_device_run(name):
+def _one_device_run(name, onnx=False):
     tx = multihost.make_optimizer(name)
-    params = jax.tree.map(jax.numpy.asarray, multihost.initial_params(0))
+    start, loss, _, _ = multihost.model(onnx, 0)
+    params = jax.tree.map(jax.numpy.asarray, start)
     state = tx.init(params)
-    step = multihost.make_step(tx)
+    step = multihost.make_step(tx, loss)
     for x, y in multihost.batches(STEPS, multihost.BATCH):
         params, state, _ = step(params, state, x, y)
     return {"params": params, "opt_state": state}
@@ -88,9 +92,9 @@ def _expected_spec(key: str) -> list:
     return spec
 
 
-def _check_equal_one_device(run, name):
+def _check_equal_one_device(run, name, onnx=False):
     got = dict(np.load(run / f"trained_{name}.npz"))
-    want = multihost.names_of(_one_device_run(name))
+    want = multihost.names_of(_one_device_run(name, onnx))
     assert set(got) == set(want)
     for key, w in want.items():
         g, w = got[key].astype(np.float64), np.asarray(w, np.float64)
@@ -107,11 +111,11 @@ def _check_sharded_like_the_parameters(run, name):
         assert got == _expected_spec(key), f"{name}: {key}"
 
 
-def _check_restores_on_one_device(run, name):
+def _check_restores_on_one_device(run, name, onnx=False):
     tx = multihost.make_optimizer(name)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     params = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=device)
-              for k, v in multihost.initial_params(0).items()}
+              for k, v in multihost.model(onnx, 0)[0].items()}
     state = jax.eval_shape(tx.init, params)
     target = {"params": params,
               "opt_state": jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), state)}
@@ -136,6 +140,20 @@ def test_two_processes_train_checkpoint_and_restore(tmp_path):
     assert (tmp_path / "multihost_loss.png").stat().st_size > 0
     losses = np.load(tmp_path / "losses.npz")
     assert losses["adam"][-1] < losses["adam"][0]
+
+
+def test_two_processes_train_an_exported_onnx_model_data_parallel(tmp_path):
+    result, _ = _launch(tmp_path, "--onnx")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-10000:]
+    assert "torch_torchscript_mlp.onnx, data parallel" in result.stdout
+    assert not _leftovers(str(tmp_path))
+    for name in multihost.OPTIMIZERS:
+        _check_equal_one_device(tmp_path, name, onnx=True)
+        _check_restores_on_one_device(tmp_path, name, onnx=True)
+        specs = json.loads((tmp_path / f"shardings_{name}.json").read_text())
+        assert all(all(e is None for e in spec) for spec in specs.values()), specs  # replicated
+    losses = np.load(tmp_path / "losses.npz")
+    assert losses["adafactor"][-1] < losses["adafactor"][0]
 
 
 @pytest.mark.parametrize("fault", ["exit:1", "stall:1"])

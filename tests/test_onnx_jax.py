@@ -117,12 +117,24 @@ def test_the_trained_model_goes_back_to_onnx_with_the_same_outputs():
                                                         .graph.initializer[0]))  # the model was not changed
 
 
-def test_nnx_optimizer_steps_equal_the_plain_steps():
+# Every optimizer optkit exports, as a user would construct it for a small fine-tuning run.
+OPTKIT_OPTIMIZERS = {
+    "adafactor": lambda: optkit.adafactor(1e-2),
+    "t5x_adafactor": lambda: optkit.t5x_adafactor(1e-2),
+    "adam": lambda: optkit.adam(1e-3),
+    "adagrad": lambda: optkit.adagrad(1e-2),
+    "momentum": lambda: optkit.momentum(1e-2, alpha=0.9),
+}
+
+
+@pytest.mark.parametrize("optimizer", list(OPTKIT_OPTIMIZERS))
+def test_nnx_optimizer_steps_equal_the_plain_steps(optimizer):
     model, data = _load("torch_torchscript_cnn")
     x = data["input"]
     y = np.zeros(data["output"].shape, np.float32)
     apply_fn, params = optkit.onnx.to_jax(model)
-    tx = optkit.adafactor(1e-2)
+    make = OPTKIT_OPTIMIZERS[optimizer]
+    tx = make()
     with _x64_off():
         step = _mse_step(apply_fn, tx)
         state = tx.init(params)
@@ -130,7 +142,7 @@ def test_nnx_optimizer_steps_equal_the_plain_steps():
             params, state, _ = step(params, state, x, y)
 
         module = optkit.onnx.OnnxModule(model)
-        optimizer = nnx.Optimizer(module, optkit.adafactor(1e-2), wrt=nnx.Param)
+        optimizer = nnx.Optimizer(module, make(), wrt=nnx.Param)
 
         @nnx.jit
         def nnx_step(module, optimizer, x, y):

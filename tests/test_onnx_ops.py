@@ -120,8 +120,7 @@ def test_onnx_dtype(elem_type, dtype):
     assert _values.onnx_dtype(elem_type, "x") == np.dtype(dtype)
 
 
-@pytest.mark.parametrize("elem_type", [TensorProto.STRING, TensorProto.FLOAT8E4M3FN, TensorProto.INT4,
-                                       TensorProto.COMPLEX64])
+@pytest.mark.parametrize("elem_type", [TensorProto.STRING, TensorProto.COMPLEX64, TensorProto.COMPLEX128])
 def test_onnx_dtype_refuses(elem_type):
     name = TensorProto.DataType.Name(elem_type)
     with pytest.raises(optkit.onnx.UnsupportedOpError, match=f"x has element type {name}"):
@@ -129,9 +128,29 @@ def test_onnx_dtype_refuses(elem_type):
 
 
 def test_cast_to_unsupported_type_fails_at_load():
-    model = _node_model("Cast", {"x": np.zeros(2, np.float32)}, {"to": TensorProto.FLOAT8E5M2})
-    with pytest.raises(optkit.onnx.UnsupportedOpError, match="attribute 'to' has element type FLOAT8E5M2"):
+    model = _node_model("Cast", {"x": np.zeros(2, np.float32)}, {"to": TensorProto.COMPLEX64})
+    with pytest.raises(optkit.onnx.UnsupportedOpError, match="attribute 'to' has element type COMPLEX64"):
         optkit.onnx.prepare(model)
+
+
+@pytest.mark.parametrize("elem_type", [TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2FNUZ, TensorProto.FLOAT8E8M0,
+                                       TensorProto.FLOAT4E2M1, TensorProto.INT4, TensorProto.UINT4, TensorProto.INT2,
+                                       TensorProto.UINT2])
+def test_low_bit_types_are_ml_dtypes_types(elem_type):
+    assert _values.onnx_dtype(elem_type, "x") == helper.tensor_dtype_to_np_dtype(elem_type)
+
+
+@pytest.mark.parametrize("round_mode", ["up", "down", "nearest"])
+@pytest.mark.parametrize("saturate", [0, 1])
+def test_cast_to_float8e8m0_rounds_as_onnx_reference(round_mode, saturate):
+    """Every exponent and the rounding boundaries around it: ONNX's reference bit manipulation."""
+    x = np.concatenate([2.0 ** np.arange(-127, 128), 1.5 * 2.0 ** np.arange(-20, 20), [3.4e38, np.inf, np.nan, 0.0],
+                        RNG.uniform(0, 100, 50)]).astype(np.float32)
+    model = _node_model("Cast", {"x": x}, {"to": TensorProto.FLOAT8E8M0, "saturate": saturate,
+                                            "round_mode": round_mode}, opset=25)
+    got = optkit.onnx.prepare(model).run([x])[0]
+    want = onnx.numpy_helper.to_float8e8m0(x, bool(saturate), round_mode)
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
 
 
 # ---------------------------------------------------------------------------

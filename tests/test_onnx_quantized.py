@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pathlib
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -19,6 +20,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import onnx  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import optkit.onnx  # noqa: E402
 
@@ -48,16 +50,17 @@ def test_the_gradient_flows_through_every_qdq_pair_to_the_input():
     assert grad.shape == data["input"].shape and np.all(np.isfinite(grad)) and np.count_nonzero(grad) > 0
 
 
-def _qdq_model(zero_point=True):
+def _qdq_model(zero_point=True, zero=10, opset=19):
+    """QuantizeLinear then DequantizeLinear with scale 0.1 and the zero point ``zero`` (a Python int: uint8)."""
     inits = [numpy_helper.from_array(np.float32(0.1), "s")]
     if zero_point:
-        inits.append(numpy_helper.from_array(np.uint8(10), "z"))
+        inits.append(numpy_helper.from_array(np.asarray(zero, np.uint8 if isinstance(zero, int) else None), "z"))
     names = ["s", "z"] if zero_point else ["s"]
     nodes = [helper.make_node("QuantizeLinear", ["x", *names], ["q"]),
              helper.make_node("DequantizeLinear", ["q", *names], ["y"])]
     graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 @pytest.mark.parametrize("zero_point", [True, False])
@@ -71,3 +74,28 @@ def test_a_qdq_pair_is_fake_quantization_with_the_straight_through_gradient(zero
     np.testing.assert_allclose(apply_fn(params, x), want_y, rtol=1e-6)
     np.testing.assert_array_equal(jax.grad(lambda v: jnp.sum(apply_fn(params, v)))(jnp.asarray(x)), want_grad)
     np.testing.assert_allclose(optkit.onnx.prepare(_qdq_model(zero_point)).run([x]).y, want_y, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name, low, high", [("int4", -8, 7), ("uint4", 0, 15), ("int2", -2, 1)])
+def test_a_low_bit_qdq_pair_saturates_to_its_range_and_passes_the_gradient_inside_it(name, low, high):
+    """4- and 2-bit integer QDQ pairs (opset 21): ONNX's reference gives the values; the straight-through
+    gradient is 1 where the level lies inside the type's range and 0 where it saturates."""
+    x = np.array([0.04, -0.5, 0.3, -2.0, 0.25, 1.2], np.float32)
+    model = _qdq_model(zero=np.zeros((), getattr(ml_dtypes, name)), opset=21)
+    want_y = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    level = np.round(x.astype(np.float64) / 0.1)
+    apply_fn, params = optkit.onnx.to_jax(model)
+    np.testing.assert_array_equal(np.asarray(jax.jit(apply_fn)(params, x)), want_y)
+    grad = jax.grad(lambda v: jnp.sum(apply_fn(params, v)))(jnp.asarray(x))
+    np.testing.assert_array_equal(grad, ((level >= low) & (level <= high)).astype(np.float32))
+    assert np.any(level < low) or np.any(level > high)  # the case saturates somewhere
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
+def test_a_float8_qdq_pair_equals_onnx_reference(name):
+    x = np.array([0.04, -0.5, 30.0, -2.0, 0.25, 1e6], np.float32)
+    model = _qdq_model(zero=np.zeros((), getattr(ml_dtypes, name)), opset=21)
+    want_y = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    apply_fn, params = optkit.onnx.to_jax(model)
+    np.testing.assert_array_equal(np.asarray(jax.jit(apply_fn)(params, x)), want_y)
+    assert np.isfinite(want_y).all()  # 1e6 saturates to the type's largest value

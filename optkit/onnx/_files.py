@@ -14,7 +14,7 @@ import onnx
 
 from optkit.onnx._errors import UnsupportedOpError
 from optkit.onnx._limits import Limits, check_size
-from optkit.onnx._ops._values import DTYPES, dtype_name, node_name
+from optkit.onnx._ops._values import DTYPES, dtype_name, node_name, storage_bits
 
 __all__ = ["ModelSource", "load_model", "read_model", "check_model", "tensors_of"]
 
@@ -214,7 +214,7 @@ def _read_external(tensor: onnx.TensorProto, root: str, directory: str, where: s
     if dtype is None:
         raise UnsupportedOpError(f"{where} has element type {dtype_name(tensor.data_type)}, which optkit does not "
                                  f"run (its external data is not read)")
-    size = math.prod(tensor.dims) * dtype.itemsize
+    size = -(-math.prod(tensor.dims) * storage_bits(dtype) // 8)  # 4- and 2-bit values are packed
     if length is not None and length != size:
         raise ValueError(f"{where}: its external data declares length {length} bytes, but dims "
                          f"{list(tensor.dims)} of {dtype.name} need {size}")

@@ -15,6 +15,8 @@ __all__ = [
     "DEFAULT_DOMAIN",
     "TRAINING_DOMAIN",
     "DTYPES",
+    "LOW_BIT_TYPES",
+    "storage_bits",
     "normalize_domain",
     "domain_text",
     "dtype_name",
@@ -43,9 +45,10 @@ def domain_text(domain: str) -> str:
 # ---------------------------------------------------------------------------
 # Element types
 
-# The element types a handler may see. Strings, complex numbers and the
-# 2-, 4-, 6- and 8-bit floating/integer formats are refused at load time:
-# their ONNX cast/saturation rules are not implemented.
+# The element types a handler may see. Strings and complex numbers are
+# refused at load time. The 8-, 4- and 2-bit formats are ml_dtypes' types,
+# which JAX and XLA compute with (Cast and the quantization operators apply
+# ONNX's saturation and rounding rules to them).
 DTYPES: dict[int, np.dtype] = {
     TensorProto.FLOAT: np.dtype(np.float32),
     TensorProto.DOUBLE: np.dtype(np.float64),
@@ -61,6 +64,20 @@ DTYPES: dict[int, np.dtype] = {
     TensorProto.UINT64: np.dtype(np.uint64),
     TensorProto.BOOL: np.dtype(np.bool_),
 }
+LOW_BIT_TYPES = ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT8E8M0", "FLOAT4E2M1",
+                 "INT4", "UINT4", "INT2", "UINT2")
+DTYPES.update({getattr(TensorProto, name): np.dtype(helper.tensor_dtype_to_np_dtype(getattr(TensorProto, name)))
+               for name in LOW_BIT_TYPES})
+
+
+def storage_bits(dtype: np.dtype) -> int:
+    """Bits one element takes in an ONNX tensor's data: 4 and 2 for the packed types, else 8 x itemsize."""
+    name = np.dtype(dtype).name
+    if name.startswith(("int4", "uint4", "float4")):
+        return 4
+    if name.startswith(("int2", "uint2")):
+        return 2
+    return 8 * np.dtype(dtype).itemsize
 
 
 def dtype_name(elem_type: int) -> str:
@@ -75,7 +92,7 @@ def onnx_dtype(elem_type: int, what: str) -> np.dtype:
     """The NumPy dtype of ONNX element type ``elem_type``; ``what`` names its use in errors.
 
     Raises:
-      UnsupportedOpError: a type optkit does not run (strings, complex, float8...).
+      UnsupportedOpError: a type optkit does not run (strings, complex numbers).
     """
     if elem_type not in DTYPES:
         supported = ", ".join(dtype_name(t) for t in DTYPES)

@@ -1,7 +1,14 @@
-"""Tensor algebra and signal windows: Einsum, Det, Hardmax, LpNormalization, Hann/Hamming/Blackman windows."""
+"""Tensor algebra and signals: Einsum, Det, Hardmax, LpNormalization, Hann/Hamming/Blackman windows, DFT, STFT.
+
+``DFT`` and ``STFT`` follow ONNX's reference implementation: a signal's last axis holds 1 (real) or 2 (real,
+imaginary) values; the transform is zero-padded or cut to ``dft_length``, ``onesided`` keeps the first
+``n // 2 + 1`` frequencies of a forward transform and makes an inverse one real (``irfft``); outputs hold the
+real and imaginary parts on the last axis, in the input's dtype. Both are ``jnp.fft``, so they differentiate.
+"""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -85,3 +92,84 @@ def _window(ctx, coefficients):
         return (a0 - a1 * np.cos(angle) + a2 * np.cos(2 * angle)).astype(dtype)
 
     return window
+
+
+def _complex(ctx, x):
+    """A real-valued ONNX signal (..., 1) or (..., 2) as a complex array without its last axis."""
+    if jnp.ndim(x) < 2 or jnp.shape(x)[-1] not in (1, 2):
+        raise ctx.error(f"the signal's last axis must hold 1 (real) or 2 (complex) values, got shape {jnp.shape(x)}")
+    # In float64 where JAX's 64-bit mode is on, as ONNX's reference (NumPy's FFT) computes: a float32 FFT
+    # leaves rounding noise of about 1e-6 of the largest frequency where the exact value is 0.
+    x = jnp.asarray(x).astype(jnp.float64 if jax.config.jax_enable_x64 else jnp.result_type(x))
+    return x[..., 0] if jnp.shape(x)[-1] == 1 else jax.lax.complex(x[..., 0], x[..., 1])
+
+
+def _parts(z, dtype):
+    """A complex (or real) array as ONNX's (..., 2) real and imaginary parts (or (..., 1)) in ``dtype``."""
+    if not jnp.iscomplexobj(z):
+        return z[..., None].astype(dtype)
+    return jnp.stack([jnp.real(z), jnp.imag(z)], axis=-1).astype(dtype)
+
+
+def _length(ctx, value, what):
+    n = int(np.reshape(value, -1)[0])
+    if n < 1:
+        raise ctx.error(f"{what} must be >= 1, got {n}")
+    return n
+
+
+@OPS.op("DFT", 17, 20, static_inputs=(1, 2))
+def _dft(ctx):
+    inverse, onesided = bool(ctx.attrs.get("inverse", 0)), bool(ctx.attrs.get("onesided", 0))
+
+    def dft(x, dft_length=None, axis=None):
+        signal = _complex(ctx, x)
+        if ctx.version < 20:
+            a = int(ctx.attrs.get("axis", 1))
+        else:
+            a = -2 if axis is None else int(np.reshape(axis, -1)[0])
+        a = axis_index(ctx, a, jnp.ndim(x))
+        if a == jnp.ndim(x) - 1:
+            raise ctx.error("axis must not be the last one (it holds the real and imaginary parts)")
+        size = jnp.shape(x)[a]
+        n = _length(ctx, dft_length, "dft_length") if dft_length is not None else (
+            2 * (size - 1) if inverse and onesided else size)
+        ctx.check_size((*jnp.shape(x)[:a], n, *jnp.shape(x)[a + 1:]), jnp.result_type(x), "the transform")
+        if inverse:
+            z = jnp.fft.irfft(signal, n=n, axis=a) if onesided else jnp.fft.ifft(signal, n=n, axis=a)
+        else:
+            z = jnp.fft.fft(signal, n=n, axis=a)
+            if onesided:
+                z = jax.lax.slice_in_dim(z, 0, n // 2 + 1, axis=a)
+        return _parts(z, jnp.result_type(x))
+
+    return dft
+
+
+@OPS.op("STFT", 17, static_inputs=(1, 3))
+def _stft(ctx):
+    onesided = bool(ctx.attrs.get("onesided", 1))
+
+    def stft(x, frame_step, window=None, frame_length=None):
+        if jnp.ndim(x) != 3:
+            raise ctx.error(f"the signal must be (batch, length, 1 or 2), got shape {jnp.shape(x)}")
+        step = _length(ctx, frame_step, "frame_step")
+        length = _length(ctx, frame_length, "frame_length") if frame_length is not None else (
+            jnp.shape(window)[0] if window is not None else jnp.shape(x)[1])
+        if window is not None and jnp.shape(window) != (length,):
+            raise ctx.error(f"the window of shape {jnp.shape(window)} must have frame_length {length} values")
+        frames = 1 + (jnp.shape(x)[1] - length) // step
+        if frames < 1:
+            raise ctx.error(f"a signal of length {jnp.shape(x)[1]} holds no frame of {length}")
+        ctx.check_size((jnp.shape(x)[0], frames, length, 2), jnp.result_type(x), "the frames")
+        signal = _complex(ctx, x)
+        index = np.arange(frames)[:, None] * step + np.arange(length)[None, :]
+        framed = signal[:, index]  # (batch, frames, length)
+        if window is not None:
+            framed = framed * jnp.asarray(window).astype(framed.real.dtype)
+        z = jnp.fft.fft(framed, axis=-1)
+        if onesided:
+            z = z[..., : length // 2 + 1]
+        return _parts(z, jnp.result_type(x))
+
+    return stft

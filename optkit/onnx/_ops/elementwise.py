@@ -17,7 +17,7 @@ from jax import lax
 
 from optkit.onnx._ops._common import is_integer
 from optkit.onnx._ops._registry import Family
-from optkit.onnx._ops._values import onnx_dtype
+from optkit.onnx._ops._values import onnx_dtype, storage_bits
 
 OPS = Family("elementwise")
 
@@ -87,9 +87,11 @@ def _div(ctx):
 @OPS.op("Sub", 6, params=(jnp.subtract,))
 @OPS.op("Mul", 6, params=(jnp.multiply,))
 @OPS.op("Div", 6, params=(_divide,))
+@OPS.op("Pow", 1, params=(jnp.power,))
 def _legacy_broadcast(ctx, fn):
-    """Version 6 of Add/Sub/Mul/Div: B broadcast onto A (``broadcast=1``) with its dimensions matched to
-    A's from ``axis`` (default: A's trailing dimensions), or A and B of one shape (``broadcast=0``)."""
+    """Version 6 of Add/Sub/Mul/Div, version 1 of Pow: B broadcast onto A (``broadcast=1``) with its
+    dimensions matched to A's from ``axis`` (default: A's trailing dimensions), or A and B of one shape
+    (``broadcast=0``)."""
     broadcast = bool(ctx.attrs.get("broadcast", 0))
     axis = ctx.attrs.get("axis")
 
@@ -259,22 +261,98 @@ def _variadic(ctx, fn, mean=False):
     return variadic
 
 
+_SATURATING = tuple(np.dtype(getattr(jnp, name)) for name in
+                    ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"))
+
+
+_PACKED_INTEGERS = {np.dtype(jnp.int4): 4, np.dtype(jnp.uint4): 4, np.dtype(jnp.int2): 2, np.dtype(jnp.uint2): 2}
+
+
+def _to_e8m0(x, saturate: bool, round_mode: str):
+    """float8e8m0 (a power of two: the exponent byte of a float32), rounded as ONNX's reference does
+    (``onnx.numpy_helper.to_float8e8m0``): "up" when any fraction bit is set, "nearest" from the guard,
+    round and sticky bits, "down" truncating; NaN and infinity give NaN (0xFF); ``saturate`` keeps the
+    largest exponent (0xFE) from rounding up into NaN."""
+    bits = lax.bitcast_convert_type(jnp.asarray(x).astype(jnp.float32), jnp.uint32)
+    exponent = (bits >> 23) & 0xFF
+    special = exponent == 0xFF
+    if round_mode == "up":
+        round_up = (bits & 0x7FFFFF) > 0
+    elif round_mode == "nearest":
+        guard, rnd, sticky = (bits & 0x400000) > 0, (bits & 0x200000) > 0, (bits & 0x1FFFFF) > 0
+        round_up = guard & (rnd | sticky | (exponent > 0))
+    else:
+        round_up = jnp.zeros_like(special)
+    if saturate:
+        round_up = round_up & (exponent != 0xFE)
+    exponent = jnp.where(special, 0xFF, exponent + round_up.astype(jnp.uint32)) & 0xFF
+    return lax.bitcast_convert_type(exponent.astype(jnp.uint8), jnp.float8_e8m0fnu)
+
+
+def cast_to(x, dtype, saturate: bool = True, round_mode: str = "up"):
+    """``x`` as ``dtype`` by ONNX's Cast rules (version 19 on): a float cast to a float 8 type with
+    ``saturate`` is clipped to the type's finite range first (NaN stays NaN; without ``saturate`` an
+    overflow is NaN or infinity, as the type has); float8e8m0 rounds by ``round_mode`` (see
+    :func:`_to_e8m0`); a cast to a 4- or 2-bit integer truncates a float and wraps around modulo
+    2^bits, as ONNX's reference implementation does; every other cast is XLA's conversion."""
+    x, dtype = jnp.asarray(x), np.dtype(dtype)
+    if dtype == np.dtype(jnp.float8_e8m0fnu):
+        return _to_e8m0(x, saturate, round_mode)
+    if dtype in _SATURATING and saturate and jnp.issubdtype(x.dtype, jnp.floating):
+        high = float(jnp.finfo(dtype).max)
+        x = jnp.clip(x, -high, high)
+    if dtype in _PACKED_INTEGERS and x.dtype != dtype:  # wrap around, as ONNX's reference (ml_dtypes) does
+        low, span = int(jnp.iinfo(dtype).min), 1 << _PACKED_INTEGERS[dtype]
+        x = (x.astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32) - low) % span + low
+    return x.astype(dtype)
+
+
+def _cast_rules(ctx):
+    saturate = bool(ctx.attrs.get("saturate", 1))
+    round_mode = ctx.attrs.get("round_mode", "up")
+    if round_mode not in ("up", "down", "nearest"):
+        raise ctx.error(f"round_mode must be 'up', 'down' or 'nearest', got {round_mode!r}")
+    return saturate, round_mode
+
+
 @OPS.op("Cast", 6, 9, 13, 19, 21, 23, 24, 25, 28)
 def _cast(ctx):
     dtype = onnx_dtype(ctx.attrs["to"], ctx.message("attribute 'to'"))
+    saturate, round_mode = _cast_rules(ctx)
 
     def cast(x):
-        return jnp.asarray(x).astype(dtype)
+        return cast_to(x, dtype, saturate, round_mode)
 
     return cast
 
 
 @OPS.op("CastLike", 15, 19, 21, 23, 24, 25)
 def _cast_like(ctx):
+    saturate, round_mode = _cast_rules(ctx)
+
     def cast_like(x, target):
-        return jnp.asarray(x).astype(jnp.result_type(target))
+        return cast_to(x, jnp.result_type(target), saturate, round_mode)
 
     return cast_like
+
+
+@OPS.op("BitCast", 26)
+def _bit_cast(ctx):
+    """The bits of each element read as type ``to`` of the same width (bool as one byte, 0 or 1)."""
+    dtype = onnx_dtype(ctx.attrs["to"], ctx.message("attribute 'to'"))
+
+    def bit_cast(x):
+        x = jnp.asarray(x)
+        source = np.dtype(x.dtype)
+        if source.itemsize != dtype.itemsize or storage_bits(source) != storage_bits(dtype):
+            raise ctx.error(f"{source} and {dtype} differ in width: BitCast keeps every bit")
+        if source == np.bool_:
+            x = x.astype(jnp.uint8)
+        if dtype == np.bool_:
+            return lax.bitcast_convert_type(x, jnp.uint8) != 0
+        return lax.bitcast_convert_type(x, dtype)
+
+    return bit_cast
 
 
 @OPS.op("BitShift", 11, 28)

@@ -1,7 +1,7 @@
-"""Indexing and rearranging: Scatter*, TopK, OneHot, Compress, NonZero, Unique, ReverseSequence, EyeLike,
-DepthToSpace, SpaceToDepth, CenterCropPad.
+"""Indexing and rearranging: Scatter*, TopK, OneHot, Compress, NonZero, Unique, NonMaxSuppression,
+ReverseSequence, EyeLike, DepthToSpace, SpaceToDepth, CenterCropPad.
 
-``Compress``, ``NonZero`` and ``Unique`` give outputs whose size depends on
+``Compress``, ``NonZero``, ``Unique`` and ``NonMaxSuppression`` give outputs whose size depends on
 values: they run on concrete values (a graph run op by op, ``jit=False``, or
 values known at load time); traced, they are refused naming the node
 (:class:`~optkit.onnx._errors.ValueDependentError`). Sizes derived from values
@@ -146,6 +146,71 @@ def _non_zero(ctx):
     return non_zero
 
 
+def _box_edges(boxes, center_point_box):
+    """``(x_min, x_max, y_min, y_max)`` of (num_boxes, 4) boxes: ``[y1, x1, y2, x2]`` in either corner order, or
+    ``[x_center, y_center, width, height]``."""
+    if center_point_box:
+        return (boxes[:, 0] - boxes[:, 2] / 2, boxes[:, 0] + boxes[:, 2] / 2,
+                boxes[:, 1] - boxes[:, 3] / 2, boxes[:, 1] + boxes[:, 3] / 2)
+    return (np.minimum(boxes[:, 1], boxes[:, 3]), np.maximum(boxes[:, 1], boxes[:, 3]),
+            np.minimum(boxes[:, 0], boxes[:, 2]), np.maximum(boxes[:, 0], boxes[:, 2]))
+
+
+def _overlaps(edges, box, chosen, iou_threshold):
+    """True if box ``box`` overlaps any of the boxes ``chosen`` with an IoU above the threshold (ONNX's
+    ``suppress_by_iou``: empty intersections and degenerate boxes never suppress)."""
+    x0, x1, y0, y1 = (e[box] for e in edges)
+    cx0, cx1, cy0, cy1 = (e[chosen] for e in edges)
+    width = np.minimum(x1, cx1) - np.maximum(x0, cx0)
+    height = np.minimum(y1, cy1) - np.maximum(y0, cy0)
+    inter = width * height
+    area, areas = (x1 - x0) * (y1 - y0), (cx1 - cx0) * (cy1 - cy0)
+    union = area + areas - inter
+    valid = (width > 0) & (height > 0) & (inter > 0) & (area > 0) & (areas > 0) & (union > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return bool(np.any(valid & (inter / np.where(valid, union, 1) > iou_threshold)))
+
+
+@OPS.op("NonMaxSuppression", 10, 11)
+def _non_max_suppression(ctx):
+    """ONNX's greedy selection per batch and class: boxes by descending score (ties: lower index first), those
+    at or below ``score_threshold`` left out, each kept unless it overlaps a kept one by IoU > ``iou_threshold``,
+    at most ``max_output_boxes_per_class``; the output is ``[batch, class, box]`` rows, int64."""
+    center_point_box = int(ctx.attrs.get("center_point_box", 0))
+
+    def non_max_suppression(boxes, scores, max_output_boxes_per_class=None, iou_threshold=None,
+                            score_threshold=None):
+        boxes, scores = _concrete(ctx, boxes, "boxes"), _concrete(ctx, scores, "scores")
+        if boxes.ndim != 3 or boxes.shape[2] != 4 or scores.ndim != 3 or scores.shape[0] != boxes.shape[0] \
+                or scores.shape[2] != boxes.shape[1]:
+            raise ctx.error(f"boxes (batches, boxes, 4) and scores (batches, classes, boxes) do not fit: "
+                            f"shapes {boxes.shape} and {scores.shape}")
+        limit = 0 if max_output_boxes_per_class is None or np.size(max_output_boxes_per_class) == 0 else max(
+            int(np.reshape(_concrete(ctx, max_output_boxes_per_class, "max_output_boxes_per_class"), -1)[0]), 0)
+        iou = 0.0 if iou_threshold is None or np.size(iou_threshold) == 0 else np.reshape(
+            _concrete(ctx, iou_threshold, "iou_threshold"), -1)[0]
+        floor = None if score_threshold is None or np.size(score_threshold) == 0 else np.reshape(
+            _concrete(ctx, score_threshold, "score_threshold"), -1)[0]
+        selected = []
+        for b in range(boxes.shape[0]):
+            edges = _box_edges(boxes[b], center_point_box)
+            for c in range(scores.shape[1]):
+                s = scores[b, c]
+                order = np.lexsort((np.arange(s.size), -s))
+                if floor is not None:
+                    order = order[s[order] > floor]
+                kept: list[int] = []
+                for box in order:
+                    if len(kept) >= limit:
+                        break
+                    if not kept or not _overlaps(edges, box, np.array(kept), iou):
+                        kept.append(int(box))
+                selected += [(b, c, box) for box in kept]
+        return np.array(selected, np.int64).reshape(-1, 3)
+
+    return non_max_suppression
+
+
 @OPS.op("Unique", 11, 28)
 def _unique(ctx):
     axis, ordered = ctx.attrs.get("axis"), bool(ctx.attrs.get("sorted", 1))
@@ -199,11 +264,17 @@ def _eye_like(ctx):
     return eye_like
 
 
-@OPS.op("DepthToSpace", 1, 11, 13, 28)
-def _depth_to_space(ctx):
+def _block_attrs(ctx):
+    """DepthToSpace's and SpaceToDepth's ``blocksize`` (>= 1) and ``mode`` ('DCR' or 'CRD')."""
     b, mode = int(ctx.attrs.get("blocksize", 0)), ctx.attrs.get("mode", "DCR")
     if b < 1 or mode not in ("DCR", "CRD"):
         raise ctx.error(f"blocksize must be >= 1 and mode 'DCR' or 'CRD', got {b} and {mode!r}")
+    return b, mode
+
+
+@OPS.op("DepthToSpace", 1, 11, 13, 28)
+def _depth_to_space(ctx):
+    b, mode = _block_attrs(ctx)
 
     def depth_to_space(x):
         n, c, h, w = jnp.shape(x)
@@ -220,9 +291,7 @@ def _depth_to_space(ctx):
 
 @OPS.op("SpaceToDepth", 1, 13, 28)
 def _space_to_depth(ctx):
-    b, mode = int(ctx.attrs.get("blocksize", 0)), ctx.attrs.get("mode", "DCR")
-    if b < 1 or mode not in ("DCR", "CRD"):
-        raise ctx.error(f"blocksize must be >= 1 and mode 'DCR' or 'CRD', got {b} and {mode!r}")
+    b, mode = _block_attrs(ctx)
 
     def space_to_depth(x):
         n, c, h, w = jnp.shape(x)

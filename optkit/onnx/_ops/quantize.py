@@ -1,12 +1,14 @@
-"""Linear quantization: ``QuantizeLinear``, ``DequantizeLinear``, ``DynamicQuantizeLinear`` (8- and 16-bit integers);
+"""Linear quantization: ``QuantizeLinear``, ``DequantizeLinear`` (2- to 16-bit integers, float 8 and float 4),
+``DynamicQuantizeLinear``;
 the integer kernels ``MatMulInteger``, ``QLinearMatMul``, ``ConvInteger``, ``QLinearConv`` (computed in float64,
 exact for 8-bit products and their sums, then requantized as ONNX's reference implementations do).
 
 ``QuantizeLinear``: ``y = saturate(round_half_to_even(x / scale) + zero_point)`` in the zero point's type
 (or ``output_dtype``, default uint8); ``DequantizeLinear``: ``y = (x - zero_point) * scale``; the scale and
 zero point per tensor, per axis (a 1-D scale along ``axis``) or per block (``block_size`` along ``axis``), as
-ONNX's reference implementation reads them. Float 8, 4 and 2-bit types are refused (JAX has no dtype for
-the 4- and 2-bit ones; float 8 is not wired yet).
+ONNX's reference implementation reads them. The 4- and 2-bit integers are ranges like the 8-bit ones; to a
+float 8 type ``y = saturate(x / scale)`` (``saturate`` attribute; the zero point, which must be 0, is not
+added), to float 4 ``y = cast(x / scale + zero_point)``.
 
 A ``DequantizeLinear`` fed by a ``QuantizeLinear`` (the fake quantization a QDQ model is made of) is
 differentiated with the straight-through estimator: the gradient with respect to ``x`` passes where ``x``
@@ -23,11 +25,18 @@ from optkit.onnx._ops import nn
 from optkit.onnx._ops._common import axis_index
 from optkit.onnx._ops._registry import Family
 from optkit.onnx._ops._values import onnx_dtype
+from optkit.onnx._ops.elementwise import cast_to
 
 OPS = Family("quantize")
 
 _RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127), np.dtype(np.uint16): (0, 65535),
-           np.dtype(np.int16): (-32768, 32767)}
+           np.dtype(np.int16): (-32768, 32767), np.dtype(jnp.uint4): (0, 15), np.dtype(jnp.int4): (-8, 7),
+           np.dtype(jnp.uint2): (0, 3), np.dtype(jnp.int2): (-2, 1)}
+# Quantization to a float type: float 8 saturating (the zero point is not added, as ONNX's reference does),
+# float 4 by a plain cast after adding the zero point.
+_FLOAT8 = tuple(np.dtype(getattr(jnp, name)) for name in
+                ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"))
+_FLOAT4 = (np.dtype(jnp.float4_e2m1fn),)
 
 
 def _broadcast_param(ctx, value, shape, axis, block_size, what):
@@ -54,8 +63,9 @@ def _out_type(ctx, zero_point):
             raise ctx.error(f"output_dtype {dtype} differs from the zero point's type {zp_type}")
         dtype = zp_type
     dtype = np.dtype(np.uint8) if dtype is None else dtype
-    if dtype not in _RANGES:
-        raise ctx.unsupported(f"quantization to {dtype} is not supported (8- and 16-bit integers are)")
+    if dtype not in (*_RANGES, *_FLOAT8, *_FLOAT4):
+        raise ctx.unsupported(f"quantization to {dtype} is not supported (2- to 16-bit integers, float 8 and "
+                              f"float 4 are)")
     return dtype
 
 
@@ -66,9 +76,14 @@ def _divide(a, b, dtype):
     return (jnp.asarray(a).astype(dtype).astype(wide) / jnp.asarray(b).astype(dtype).astype(wide)).astype(dtype)
 
 
-def _quantize(x, scale, zero_point, dtype, precision=None):
-    low, high = _RANGES[dtype]
+def _quantize(x, scale, zero_point, dtype, precision=None, saturate=True):
     work = precision or jnp.result_type(x)
+    if dtype in _FLOAT8:
+        return cast_to(_divide(x, scale, work), dtype, saturate)
+    if dtype in _FLOAT4:
+        q = _divide(x, scale, work)
+        return cast_to(q if zero_point is None else q + jnp.asarray(zero_point).astype(work), dtype)
+    low, high = _RANGES[dtype]
     q = jnp.round(_divide(x, scale, work))  # halves to even
     if zero_point is not None:
         q = q + jnp.asarray(zero_point).astype(work)
@@ -80,15 +95,14 @@ def _quantize_linear(ctx):
     axis, block_size = int(ctx.attrs.get("axis", 1)), int(ctx.attrs.get("block_size", 0))
     precision = ctx.attrs.get("precision", 0)
     precision = onnx_dtype(precision, ctx.message("precision")) if precision else None
-    if ctx.version >= 19 and not ctx.attrs.get("saturate", 1):
-        raise ctx.unsupported("saturate=0 applies to float 8 types, which are not supported")
+    saturate = bool(ctx.attrs.get("saturate", 1))
 
     def quantize_linear(x, scale, zero_point=None):
         dtype = _out_type(ctx, zero_point)
         shape = jnp.shape(x)
         s = _broadcast_param(ctx, scale, shape, axis, block_size, "y_scale")
         z = None if zero_point is None else _broadcast_param(ctx, zero_point, shape, axis, block_size, "y_zero_point")
-        return _quantize(x, s, z, dtype, precision)
+        return _quantize(x, s, z, dtype, precision, saturate)
 
     return quantize_linear
 
@@ -100,12 +114,13 @@ def _dequantize_linear(ctx):
     out = onnx_dtype(declared, ctx.message("output_dtype")) if declared else None
 
     def dequantize_linear(x, scale, zero_point=None):
-        if np.dtype(jnp.result_type(x)) not in (*_RANGES, np.dtype(np.int32)):
-            raise ctx.unsupported(f"dequantizing {jnp.result_type(x)} is not supported")
+        x_type = np.dtype(jnp.result_type(x))
+        if x_type not in (*_RANGES, np.dtype(np.int32), *_FLOAT8, *_FLOAT4):
+            raise ctx.unsupported(f"dequantizing {x_type} is not supported")
         shape = jnp.shape(x)
         s = _broadcast_param(ctx, scale, shape, axis, block_size, "x_scale")
         dx = jnp.asarray(x).astype(jnp.float32)
-        if zero_point is not None:
+        if zero_point is not None and x_type not in _FLOAT8:  # a float 8 zero point is 0
             dx = dx - _broadcast_param(ctx, zero_point, shape, axis, block_size, "x_zero_point").astype(jnp.float32)
         return (dx * s).astype(out or jnp.result_type(scale))
 
@@ -184,12 +199,18 @@ def straight_through(ctx, q_attrs):
     def fake(x, scale, zero_point=None):
         dtype = np.dtype(jnp.result_type(zero_point)) if zero_point is not None else (
             onnx_dtype(declared, ctx.message("output_dtype")) if declared else np.dtype(np.uint8))
-        if dtype not in _RANGES:
-            raise ctx.unsupported(f"quantization to {dtype} is not supported (8- and 16-bit integers are)")
+        if dtype not in (*_RANGES, *_FLOAT8, *_FLOAT4):
+            raise ctx.unsupported(f"quantization to {dtype} is not supported (2- to 16-bit integers, float 8 "
+                                  f"and float 4 are)")
         shape = jnp.shape(x)
         s = _broadcast_param(ctx, scale, shape, axis, block_size, "x_scale")
         z = None if zero_point is None else _broadcast_param(ctx, zero_point, shape, axis, block_size,
                                                              "x_zero_point")
+        if dtype not in _RANGES:  # float 8 and float 4: the two operators as they are, no straight-through rule
+            q = _quantize(x, s, z, dtype).astype(jnp.float32)
+            if z is not None and dtype in _FLOAT4:
+                q = q - z.astype(jnp.float32)
+            return (q * s).astype(jnp.result_type(scale))
         return fake_quantize(x, s, z, dtype, jnp.result_type(scale))
 
     return fake

@@ -206,6 +206,15 @@ def _gather_elements(ctx):
     return gather_elements
 
 
+@OPS.op("Slice", 1)
+def _slice_1(ctx):
+    """Version 1: ``starts``, ``ends`` and ``axes`` are attributes."""
+    starts, ends = np.asarray(ctx.attrs.get("starts", [])), np.asarray(ctx.attrs.get("ends", []))
+    axes = ctx.attrs.get("axes")
+    slice_ = _slice(ctx)
+    return lambda x: slice_(x, starts, ends, None if axes is None else np.asarray(axes))
+
+
 @OPS.op("Slice", 10, 11, 13, static_inputs=(1, 2, 3, 4))
 def _slice(ctx):
     def slice_(x, starts, ends, axes=None, steps=None):

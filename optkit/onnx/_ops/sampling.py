@@ -1,0 +1,180 @@
+"""Spatial sampling: ``GridSample`` (versions 16, 20, 22), ``AffineGrid`` (20), ``Col2Im`` (18).
+
+``GridSample`` reads ``X`` (N, C, D1, ..., Dr) at the normalized coordinates of
+``grid`` (N, H1, ..., Hr, r), whose last axis lists them innermost spatial axis
+first (x, y, z), as ONNX's reference implementation does: a coordinate is
+denormalized (``align_corners``), rounded half to even for ``nearest``, brought
+inside the border by ``padding_mode`` (``border`` clamps, ``reflection``
+reflects; ``zeros`` leaves it), and interpolated separably from its 2 (linear)
+or 4 (cubic, Keys' kernel with ``a = -0.75``) neighbours per axis, a neighbour
+outside the input reading 0 (``zeros``), the nearest edge (``border``) or its
+reflection. Every tap is a gather, so the result differentiates in ``X`` and
+in ``grid`` (linear and cubic). Version 16 takes 4-D inputs and names the modes
+``bilinear`` and ``bicubic``.
+
+``Col2Im`` is the adjoint of sliding-window extraction (``torch.nn.Fold``): each
+column of the (N, C * prod(block_shape), L) input is added into the image at
+its block's position (strides, dilations), and the pads are cut off.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from optkit.onnx._ops._registry import Family
+
+OPS = Family("sampling")
+
+_MODES = {"bilinear": "linear", "bicubic": "cubic", "linear": "linear", "cubic": "cubic", "nearest": "nearest"}
+_PADDING = ("zeros", "border", "reflection")
+
+
+def _reflect(x, low, high):
+    """``x`` reflected by the nearer border until it lies in ``[low, high]`` (ONNX's ``_gs_reflect``)."""
+    span = high - low
+    below, above = low - x, x - high
+    dx = jnp.where(x < low, below, above)
+    n = jnp.floor(dx / span)
+    r = dx - n * span
+    even = jnp.mod(n, 2) == 0
+    from_low = jnp.where(even, low + r, high - r)
+    from_high = jnp.where(even, high - r, low + r)
+    return jnp.where(x < low, from_low, jnp.where(x > high, from_high, x))
+
+
+def _cubic_weights(t):
+    """Keys' cubic convolution coefficients (``a = -0.75``) of the taps at -1, 0, 1, 2 from ``floor(x)``."""
+    a = -0.75
+    t1, t2 = t + 1, 1 - t
+    return [((a * t1 - 5 * a) * t1 + 8 * a) * t1 - 4 * a,
+            ((a + 2) * t - (a + 3)) * t * t + 1,
+            ((a + 2) * t2 - (a + 3)) * t2 * t2 + 1,
+            ((a * (2 - t) - 5 * a) * (2 - t) + 8 * a) * (2 - t) - 4 * a]
+
+
+def _taps(x, size, mode, padding, low, high):
+    """``[(index, weight)]`` of one axis's neighbours: integer indices inside ``[0, size)`` and weights (0 for a
+    ``zeros`` neighbour outside the input)."""
+    if mode == "nearest":
+        taps = [(jnp.trunc(x), jnp.ones_like(x))]
+    else:
+        base = jnp.floor(x)
+        t = x - base
+        offsets, weights = ((0, 1), [1 - t, t]) if mode == "linear" else ((-1, 0, 1, 2), _cubic_weights(t))
+        taps = [(base + k, w) for k, w in zip(offsets, weights)]
+    out = []
+    for index, weight in taps:
+        if padding == "zeros":
+            weight = jnp.where((index >= 0) & (index <= size - 1), weight, 0)
+        elif padding == "reflection":
+            index = jnp.trunc(_reflect(index, low, high))
+        out.append((jnp.clip(index, 0, size - 1).astype(jnp.int32), weight))
+    return out
+
+
+@OPS.op("GridSample", 16, 20, 22)
+def _grid_sample(ctx):
+    mode = _MODES.get(ctx.attrs.get("mode", "bilinear" if ctx.version < 20 else "linear"))
+    named = ("bilinear", "bicubic", "nearest") if ctx.version < 20 else ("linear", "cubic", "nearest")
+    padding = ctx.attrs.get("padding_mode", "zeros")
+    align = bool(ctx.attrs.get("align_corners", 0))
+    if ctx.attrs.get("mode", named[0]) not in named or padding not in _PADDING:
+        raise ctx.error(f"mode must be one of {named} and padding_mode one of {_PADDING}, got "
+                        f"{ctx.attrs.get('mode')!r} and {padding!r}")
+
+    def grid_sample(x, grid):
+        shape, r = jnp.shape(x), jnp.ndim(x) - 2
+        if r < 1 or (ctx.version < 20 and r != 2) or jnp.ndim(grid) != r + 2 or jnp.shape(grid)[-1] != r \
+                or jnp.shape(grid)[0] != shape[0]:
+            raise ctx.error(f"X (N, C, D1..Dr) and grid (N, H1..Hr, r) do not fit: shapes {shape} and "
+                            f"{jnp.shape(grid)}" + (" (version 16 takes 4-D inputs)" if ctx.version < 20 else ""))
+        n, c, spatial = shape[0], shape[1], shape[2:]
+        out = jnp.shape(grid)[1:-1]
+        ctx.check_size((n, c, *out), jnp.result_type(x), "the output")
+        dtype = jnp.result_type(grid)
+        axes_taps = []
+        for i, size in enumerate(spatial):
+            g = jnp.asarray(grid)[..., r - 1 - i]
+            coord = (g + 1) / 2 * (size - 1) if align else ((g + 1) * size - 1) / 2
+            low, high = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+            if mode == "nearest":
+                coord = jnp.round(coord)  # half to even
+            if padding == "border":
+                coord = jnp.where((coord < low) | (coord > high), jnp.clip(coord, 0, size - 1), coord)
+            elif padding == "reflection":
+                coord = _reflect(coord, low, high)
+            axes_taps.append(_taps(coord.astype(dtype), size, mode, padding, low, high))
+        batch = jnp.reshape(jnp.arange(n), (n,) + (1,) * len(out))
+        channels_last = jnp.moveaxis(jnp.asarray(x), 1, -1)  # (N, D1..Dr, C): one gather per tap
+        y = 0
+        for combo in itertools.product(*axes_taps):
+            weight = math.prod(w for _, w in combo)
+            y = y + channels_last[(batch, *(index for index, _ in combo))] * weight[..., None].astype(x.dtype)
+        return jnp.moveaxis(jnp.asarray(y, jnp.result_type(x)), -1, 1)
+
+    return grid_sample
+
+
+@OPS.op("AffineGrid", 20, static_inputs=(1,))
+def _affine_grid(ctx):
+    """``grid[n, ..., :] = theta[n] @ (x, y[, z], 1)`` over the normalized base coordinates of ``size``
+    (``align_corners``: -1 and 1 at the corner pixels' centres, else at their outer edges)."""
+    align = bool(ctx.attrs.get("align_corners", 0))
+
+    def affine_grid(theta, size):
+        size = [int(v) for v in np.reshape(size, -1)]
+        r = len(size) - 2
+        if r not in (2, 3) or jnp.shape(theta) != (size[0], r, r + 1):
+            raise ctx.error(f"size must be (N, C, H, W) or (N, C, D, H, W) and theta (N, {r}, {r + 1}); got "
+                            f"size {size} and theta {jnp.shape(theta)}")
+        ctx.check_size((size[0], *size[2:], r), jnp.result_type(theta), "the grid")
+        dtype = jnp.result_type(theta)
+
+        def base(k):
+            steps = jnp.arange(k, dtype=dtype)
+            if k == 1:
+                return jnp.zeros(1, dtype)
+            return -1 + 2 * steps / (k - 1) if align else (-1 + (2 * steps + 1) / k)
+
+        mesh = jnp.meshgrid(*(base(k) for k in size[2:]), indexing="ij")  # D, H, W order
+        points = jnp.stack([*mesh[::-1], jnp.ones_like(mesh[0])], axis=-1)  # (..., x, y[, z], 1)
+        return jnp.einsum("...k,njk->n...j", points, theta)
+
+    return affine_grid
+
+
+@OPS.op("Col2Im", 18, static_inputs=(1, 2))
+def _col2im(ctx):
+    def col2im(cols, image_shape, block_shape):
+        image = [int(v) for v in np.reshape(image_shape, -1)]
+        block = [int(v) for v in np.reshape(block_shape, -1)]
+        r = len(image)
+        dilations = list(ctx.attrs.get("dilations") or [1] * r)
+        strides = list(ctx.attrs.get("strides") or [1] * r)
+        pads = list(ctx.attrs.get("pads") or [0] * (2 * r))
+        if len(block) != r or len(dilations) != r or len(strides) != r or len(pads) != 2 * r or min(
+                [*image, *block, *dilations, *strides], default=1) < 1:
+            raise ctx.error(f"image_shape {image}, block_shape {block}, dilations {dilations}, strides {strides} "
+                            f"and pads {pads} do not describe {r} positive spatial axes")
+        padded = [size + pads[i] + pads[i + r] for i, size in enumerate(image)]
+        counts = [(p - (k - 1) * d - 1) // s + 1 for p, k, d, s in zip(padded, block, dilations, strides)]
+        n, channels_blocks, length = jnp.shape(cols)
+        kernel = math.prod(block)
+        if min(counts) < 1 or math.prod(counts) != length or channels_blocks % kernel:
+            raise ctx.error(f"input of shape {jnp.shape(cols)} does not fit blocks {block} sliding over "
+                            f"{padded} (with pads) in {counts} steps")
+        c = channels_blocks // kernel
+        ctx.check_size((n, c, *padded), jnp.result_type(cols), "the padded image")
+        columns = jnp.reshape(cols, (n, c, kernel, *counts))
+        out = jnp.zeros((n, c, *padded), jnp.result_type(cols))
+        for k, offset in enumerate(itertools.product(*(range(b) for b in block))):
+            where = tuple(slice(o * d, o * d + (m - 1) * s + 1, s)
+                          for o, d, s, m in zip(offset, dilations, strides, counts))
+            out = out.at[(slice(None), slice(None), *where)].add(columns[:, :, k])
+        return out[(slice(None), slice(None), *(slice(pads[i], pads[i] + image[i]) for i in range(r)))]
+
+    return col2im
