@@ -19,6 +19,7 @@ from onnx import TensorProto, helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
 from optkit.onnx import _protos  # noqa: E402
+from optkit.onnx._errors import ValueDependentError  # noqa: E402
 from optkit.onnx._ops import TABLE, _values  # noqa: E402
 from tests.helpers import onnx_info as _info  # noqa: E402
 
@@ -482,3 +483,38 @@ def test_gather_nd_on_an_initializer_with_computed_indices_runs_compiled():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     out = optkit.onnx.prepare(model).run([np.array([[3], [1]], np.int64)]).y
     np.testing.assert_array_equal(out, [[9, 10, 11], [3, 4, 5]])
+
+
+# ---------------------------------------------------------------------------
+# sizes derived from values are bounded before anything is allocated
+
+
+@pytest.mark.parametrize("op, feeds, attrs, opset", [
+    ("DFT", {"x": np.ones((1, 4, 1), np.float32), "dft_length": np.array(10**12, np.int64)}, {}, 20),
+    ("AffineGrid", {"theta": np.ones((1, 2, 3), np.float32), "size": np.array([1, 1, 10**6, 10**6], np.int64)},
+     {}, 20),
+    ("Col2Im", {"x": np.ones((1, 4, 1), np.float32), "image_shape": np.array([10**6, 10**6], np.int64),
+                "block_shape": np.array([1, 1], np.int64)}, {"strides": [10**6, 10**6]}, 18),
+])
+@pytest.mark.parametrize("jit", [True, False])
+def test_a_size_from_values_is_refused_before_allocation(op, feeds, attrs, opset, jit):
+    first, *static = feeds
+    model = _node_model(op, {first: feeds[first]}, attrs, opset=opset,
+                        initializers=[(name, feeds[name]) for name in static])
+    for k, dim in enumerate(model.graph.output[0].type.tensor_type.shape.dim):
+        dim.dim_param = f"d{k}"  # the node's own check, not the declared output's
+    with pytest.raises(optkit.onnx.TensorTooLargeError, match=rf"node '{op}#0'"):
+        optkit.onnx.prepare(model, jit=jit, max_tensor_bytes=2**30).run([feeds[first]])
+
+
+def test_non_max_suppression_is_refused_traced_and_runs_op_by_op():
+    boxes = np.array([[[0, 0, 1, 1], [0, 0.1, 1, 1.1], [0, 2, 1, 3]]], np.float32)
+    scores = np.array([[[0.9, 0.8, 0.7]]], np.float32)
+    model = _node_model("NonMaxSuppression", {"boxes": boxes, "scores": scores}, opset=11,
+                        initializers=[("max", np.array([3], np.int64)), ("iou", np.array([0.5], np.float32))])
+    got = optkit.onnx.prepare(model, jit=False).run([boxes, scores])[0]
+    want = onnx.reference.ReferenceEvaluator(model).run(None, {"boxes": boxes, "scores": scores})[0]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, [[0, 0, 0], [0, 0, 2]])  # the second box overlaps the first by 0.82
+    with pytest.raises(ValueDependentError, match="NonMaxSuppression"):
+        optkit.onnx.prepare(model, jit=True).run([boxes, scores])
