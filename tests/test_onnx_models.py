@@ -116,9 +116,7 @@ def test_three_adam_steps_lower_the_loss(name):
     assert all(np.isfinite(losses)) and all(b < a for a, b in zip(losses, losses[1:])), losses
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
-    reason="intermittent NaN output seen only under pytest-xdist (1 run in 3); not reproduced in 25 runs "
-           "in one process; under investigation", strict=False)) if n == "light_squeezenet" else n for n in LIGHT])
+@pytest.mark.parametrize("name", LIGHT)
 def test_model_zoo_light_graph_matches_onnx_runtime(name):
     """The onnx package's light_* graphs, weights made by ConstantOfShape, against ONNX Runtime."""
     folder = pathlib.Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"

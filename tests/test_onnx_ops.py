@@ -518,3 +518,18 @@ def test_non_max_suppression_is_refused_traced_and_runs_op_by_op():
     np.testing.assert_array_equal(got, [[0, 0, 0], [0, 0, 2]])  # the second box overlaps the first by 0.82
     with pytest.raises(ValueDependentError, match="NonMaxSuppression"):
         optkit.onnx.prepare(model, jit=True).run([boxes, scores])
+
+
+@pytest.mark.parametrize("op, want", [("Softmax", 1 / 1000), ("LogSoftmax", np.log(1 / 1000))])
+def test_softmax_of_a_fused_average_is_not_nan(op, want):
+    """The zoo SqueezeNet's last layers (GlobalAveragePool, then Softmax of 1000 equal logits of 1e10): XLA:CPU
+    fused the average's multiplication into softmax's ``x - max`` (a fused multiply-add), which came out as
+    +-365 instead of 0 and made every output NaN, depending on the thread schedule."""
+    x = np.full((1, 1000, 13, 13), 1.0493425e10, np.float32) * RNG.uniform(0.5, 1.5, (1, 1, 13, 13)).astype(np.float32)
+    pool = helper.make_node("GlobalAveragePool", ["x"], ["r"])
+    graph = helper.make_graph([pool, helper.make_node(op, ["r"], ["y"])], "g", [_info("x", np.float32, x.shape)],
+                              [_info("y", np.float32, [1, 1000, 1, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+    for _ in range(3):
+        got = optkit.onnx.prepare(model).run([x])[0]
+        np.testing.assert_allclose(got, np.full(got.shape, want, np.float32), rtol=1e-6)

@@ -1,4 +1,4 @@
-"""Helpers the family modules share: axes checked against a rank, integer tests, indices made safe."""
+"""Helpers the family modules share: axes checked against a rank, integer tests, indices made safe, softmax."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from optkit.onnx._ops._registry import NodeContext
 
-__all__ = ["axis_index", "axis_indices", "is_integer", "lowest", "checked_indices"]
+__all__ = ["axis_index", "axis_indices", "is_integer", "lowest", "checked_indices", "below_max", "softmax",
+           "log_softmax"]
 
 
 def axis_index(ctx: NodeContext, axis: int, rank: int, what: str = "axis") -> int:
@@ -68,3 +70,39 @@ def checked_indices(ctx: NodeContext, indices: Any, size: int, where: str) -> An
     valid = (indices >= -size) & (indices < size)
     normalized = jnp.where(indices < 0, indices + size, indices)
     return jnp.where(valid, normalized, jnp.asarray(size, indices.dtype))
+
+
+def below_max(x: Any, axis: int) -> Any:
+    """``x - max(x)`` along ``axis``: exactly 0 at the maximum and never above it (a maximum that is not
+    finite is not subtracted).
+
+    XLA:CPU may contract the multiplication that last computed ``x`` into the
+    subtraction (a fused multiply-add), which subtracts the rounded maximum
+    from unrounded products: for the zoo's SqueezeNet (constant weights, equal
+    logits of 1.05e10, where one float32 unit is 1024) every ``x - max`` came
+    out as +365 or as -365 depending on the thread schedule, and the softmax as
+    ``exp`` overflowing or summing to 0: NaN. The difference's own maximum is
+    subtracted again (no multiplication is left to contract: the maximum is then
+    exactly 0, so the softmax's sum is at least 1), and what remains above 0 is
+    that rounding: 0 (a ``where``, not ``jnp.minimum``, whose derivative at the
+    maximum would be 1/2). The maxima are constants for differentiation, as in
+    ``jax.nn.softmax``.
+    """
+    d = x
+    for _ in range(2):
+        top = lax.stop_gradient(jnp.max(d, axis, keepdims=True))
+        d = d - jnp.where(jnp.isfinite(top), top, jnp.zeros_like(top))
+    return jnp.where(d > 0, jnp.zeros_like(d), d)
+
+
+def softmax(x: Any, axis: int) -> Any:
+    """``exp(x - max) / sum(exp(x - max))`` along ``axis`` (ONNX Softmax, version 13), NaN-free under XLA:CPU's
+    fused multiply-adds (:func:`below_max`); differentiates as ``jax.nn.softmax``."""
+    e = jnp.exp(below_max(x, axis))
+    return e / jnp.sum(e, axis, keepdims=True)
+
+
+def log_softmax(x: Any, axis: int) -> Any:
+    """``x - max - log(sum(exp(x - max)))`` along ``axis``, as :func:`softmax`."""
+    shifted = below_max(x, axis)
+    return shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis, keepdims=True))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from optkit.onnx._ops._common import checked_indices
+from optkit.onnx._ops._common import below_max, checked_indices
 from optkit.onnx._ops._registry import Family
 from optkit.onnx._ops._values import onnx_dtype
 
@@ -165,9 +165,7 @@ def _attention(ctx):
         out_qk = with_bias if mode == 2 else qk
         if precision:
             with_bias = with_bias.astype(onnx_dtype(precision, ctx.message("softmax_precision")))
-        top = jnp.max(with_bias, axis=-1, keepdims=True)
-        safe = jnp.where(jnp.isneginf(top), 0, top)
-        e = jnp.exp(with_bias - safe)
+        e = jnp.exp(below_max(with_bias, -1))  # a row masked whole: exp(-inf) = 0 everywhere
         total = jnp.sum(e, axis=-1, keepdims=True)
         probs = e / jnp.where(total == 0, 1, total)
         probs = jnp.where(jnp.isneginf(jnp.max(bias, axis=-1, keepdims=True)), 0, probs)

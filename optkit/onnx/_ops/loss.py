@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from optkit.onnx._ops._common import is_integer
+from optkit.onnx._ops._common import is_integer, log_softmax
 from optkit.onnx._ops._registry import Family, NodeContext
 
 OPS = Family("loss")
@@ -75,7 +74,7 @@ def _softmax_cross_entropy_loss(ctx):
     def softmax_cross_entropy_loss(scores, labels, weights=None):
         if jnp.ndim(scores) < 2:
             raise ctx.error(f"scores must be (N, C) or (N, C, d1, ...), got shape {jnp.shape(scores)}")
-        log_prob = jax.nn.log_softmax(scores, axis=1)
+        log_prob = log_softmax(scores, axis=1)
         loss = _nll(ctx, log_prob, labels, weights, reduction, ignore_index)
         if len(ctx.outputs) == 1:
             return loss

@@ -6,12 +6,11 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from optkit.onnx._ops._common import axis_index, lowest
+from optkit.onnx._ops._common import axis_index, log_softmax, lowest, softmax
 from optkit.onnx._ops._registry import Family, NodeContext
 
 OPS = Family("nn")
@@ -46,8 +45,8 @@ def _gemm(ctx):
     return gemm
 
 
-@OPS.op("Softmax", 1, 11, 13, params=(jax.nn.softmax,))
-@OPS.op("LogSoftmax", 1, 11, 13, params=(jax.nn.log_softmax,))
+@OPS.op("Softmax", 1, 11, 13, params=(softmax,))
+@OPS.op("LogSoftmax", 1, 11, 13, params=(log_softmax,))
 def _softmax(ctx, fn):
     if ctx.version >= 13:
         axis = ctx.attrs.get("axis", -1)
