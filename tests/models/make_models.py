@@ -23,6 +23,7 @@ onnxruntime, none of which optkit depends on); the files are committed:
     python -m venv /tmp/export && /tmp/export/bin/pip install torch==2.13.0 onnx onnxruntime \\
         onnxscript transformers jax2onnx flax pillow && /tmp/export/bin/pip install --no-deps torchvision
     /tmp/export/bin/python tests/models/make_models.py            # about 2 minutes
+    /tmp/export/bin/python tests/models/make_models.py families   # only the families of issue 32
 
 torchvision's PyPI wheel is built for another torch; its C++ operators (detection ops, unused
 here) are stubbed before importing it (``_import_torchvision``).
@@ -169,27 +170,39 @@ def torch_models():
         "gpt2": (Hidden(gpt2), ids, ["model.transformer.h.0.ln_1.weight", "model.transformer.wpe.weight"]),
     }
     for module, _, _ in models.values():
-        module.eval()
-        with torch.no_grad():  # no two parameters equal (exporters merge equal initializers: LayerNorm's ones)
-            for p in module.parameters():
-                p.add_(0.05 * torch.randn(p.shape, generator=g))
-        for m in module.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5, generator=g)
-                m.running_var.uniform_(0.5, 1.5, generator=g)
+        _randomize(module, g)
     return models
 
 
-def export_torch(out: pathlib.Path) -> dict:
+def _randomize(module, g):
+    """Eval mode; every parameter moved by 0.05 N(0, 1) so that no two are equal (exporters merge equal
+    initializers: LayerNorm's ones), BatchNorm statistics drawn."""
+    import torch
+    from torch import nn
+
+    module.eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    for m in module.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5, generator=g)
+            m.running_var.uniform_(0.5, 1.5, generator=g)
+
+
+def export_torch(out: pathlib.Path, models=None) -> dict:
+    """Each model by each of its ``(exporter, opset)`` (default: TorchScript at 17 and dynamo at 20)."""
     import onnx
     import onnxruntime
     import torch
 
     records = {}
-    for name, (module, x, params) in torch_models().items():
+    models = {name: (*value, (("torchscript", 17), ("dynamo", 20))) for name, value in torch_models().items()} \
+        if models is None else models
+    for name, (module, x, params, exporters) in models.items():
         module_64 = _double(module)
-        for exporter, opset in (("torchscript", 17), ("dynamo", 20)):
-            stem = f"torch_{exporter}_{name}"
+        for exporter, opset in exporters:
+            stem = f"torch_{exporter}_{name}" + (f"_opset{opset}" if opset not in (17, 20) else "")
             path = out / f"{stem}.onnx"
             try:
                 with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
@@ -213,6 +226,155 @@ def export_torch(out: pathlib.Path) -> dict:
                              "ops": sorted({n.op_type for n in model.graph.node})}
             print(stem, path.stat().st_size, "bytes")
     return records
+
+
+def family_models():
+    """The families users fine-tune after classifiers (issue 32), small with random weights: name -> (module,
+    example input, names of parameters whose gradients are saved, ((exporter, opset), ...))."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    _import_torchvision()  # transformers imports torchvision: its C++ operators stubbed first
+    import transformers
+
+    torch.manual_seed(SEED + 1)
+    g = torch.Generator().manual_seed(SEED + 1)
+
+    class Segmenter(nn.Module):
+        """LR-ASPP's layout, small: a strided encoder, a squeeze-and-excitation gate on the deep features, a
+        1x1 head, bilinear upsampling to the shallow features' size plus their 1x1 projection, and bilinear
+        upsampling to the input's size (Resize)."""
+
+        def __init__(self):
+            super().__init__()
+            self.stage1 = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+            self.stage2 = nn.Sequential(nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.Hardswish())
+            self.gate = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(16, 16, 1), nn.Sigmoid())
+            self.head, self.low = nn.Conv2d(16, 4, 1), nn.Conv2d(8, 4, 1)
+
+        def forward(self, x):
+            f1 = self.stage1(x)
+            f2 = self.stage2(f1)
+            y = F.interpolate(self.head(f2 * self.gate(f2)), size=f1.shape[-2:], mode="bilinear", align_corners=False)
+            return F.interpolate(y + self.low(f1), size=x.shape[-2:], mode="bilinear", align_corners=False)
+
+    class Detector(nn.Module):
+        """An SSD head with its post-processing: box regression and class scores per anchor, SSD's center-size
+        decoding (variances 0.1 and 0.2), the best foreground class, and the 10 highest-scoring boxes (TopK,
+        GatherElements). torchvision's NMS is not in it: the PyPI torchvision's C++ operators do not load with
+        this torch (the NonMaxSuppression operator is checked by ONNX's node cases)."""
+
+        def __init__(self):
+            super().__init__()
+            self.backbone = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                                          nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+            self.loc, self.cls = nn.Conv2d(16, 2 * 4, 3, padding=1), nn.Conv2d(16, 2 * 3, 3, padding=1)
+            centers = (torch.arange(4, dtype=torch.float32) + 0.5) / 4
+            cy, cx = torch.meshgrid(centers, centers, indexing="ij")
+            anchors = [torch.stack([cx, cy, torch.full_like(cx, s), torch.full_like(cx, s)], -1) for s in (0.3, 0.6)]
+            self.register_buffer("anchors", torch.stack(anchors, 2).reshape(-1, 4))
+
+        def forward(self, x):
+            f = self.backbone(x)
+            n = x.shape[0]
+            loc = self.loc(f).permute(0, 2, 3, 1).reshape(n, -1, 4)
+            scores = self.cls(f).permute(0, 2, 3, 1).reshape(n, -1, 3).softmax(-1)
+            centre = self.anchors[:, :2] + 0.1 * loc[..., :2] * self.anchors[:, 2:]
+            size = self.anchors[:, 2:] * torch.exp(0.2 * loc[..., 2:])
+            boxes = torch.cat([centre - size / 2, centre + size / 2], -1)
+            best = scores[..., 1:].max(-1).values
+            top, index = best.topk(10, dim=1)
+            picked = torch.gather(boxes, 1, index.unsqueeze(-1).expand(-1, -1, 4))
+            return torch.cat([picked, top.unsqueeze(-1)], -1)
+
+    class Gated(nn.Module):
+        """``torch.cond`` on a computed condition (the dynamo exporter writes an If)."""
+
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2, self.fc3 = nn.Linear(12, 16), nn.Linear(16, 4), nn.Linear(16, 4)
+
+        def forward(self, x):
+            h = self.fc1(x)
+            return torch.cond(h.mean() > 0, lambda h: torch.relu(self.fc2(h)), lambda h: torch.tanh(self.fc3(h)),
+                              (h,))
+
+    class WindowAttention(nn.Module):
+        """Swin's window attention, small: 2x2 patches, 4x4 windows partitioned and merged back by
+        reshape and transpose, multi-head attention inside each window with a learned relative bias."""
+
+        def __init__(self, heads=2, window=4):
+            super().__init__()
+            self.heads, self.window = heads, window
+            self.embed, self.norm = nn.Conv2d(3, 16, 2, stride=2), nn.LayerNorm(16)
+            self.qkv, self.proj, self.head = nn.Linear(16, 48), nn.Linear(16, 16), nn.Linear(16, 10)
+            self.bias = nn.Parameter(torch.zeros(heads, window * window, window * window))
+
+        def forward(self, x):
+            h = self.embed(x).permute(0, 2, 3, 1)
+            n, rows, cols, c = h.shape
+            w = self.window
+            win = h.reshape(n, rows // w, w, cols // w, w, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, w * w, c)
+            qkv = self.qkv(self.norm(win)).reshape(win.shape[0], w * w, 3, self.heads, c // self.heads)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)
+            attn = (q @ k.transpose(-2, -1)) * (c // self.heads) ** -0.5 + self.bias
+            out = self.proj((attn.softmax(-1) @ v).transpose(1, 2).reshape(win.shape[0], w * w, c)) + win
+            out = out.reshape(n, rows // w, cols // w, w, w, c).permute(0, 1, 3, 2, 4, 5).reshape(n, rows, cols, c)
+            return self.head(out.mean((1, 2)))
+
+    class SuperResolution(nn.Module):
+        """ESPCN: convolutions, then PixelShuffle (DepthToSpace) to twice the resolution."""
+
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(1, 16, 5, padding=2), nn.Tanh(), nn.Conv2d(16, 8, 3, padding=1),
+                                      nn.Tanh(), nn.Conv2d(8, 4, 3, padding=1), nn.PixelShuffle(2))
+
+        def forward(self, x):
+            return self.body(x)
+
+    class Hidden(nn.Module):
+        """A transformers model's first output (logits, or the decoder's last hidden state for a fixed prompt)."""
+
+        def __init__(self, model, decoder_ids=None):
+            super().__init__()
+            self.model = model
+            if decoder_ids is not None:
+                self.register_buffer("decoder_ids", decoder_ids)
+
+        def forward(self, x):
+            if hasattr(self, "decoder_ids"):
+                return self.model(input_features=x, decoder_input_ids=self.decoder_ids.expand(x.shape[0], -1),
+                                  use_cache=False, return_dict=False)[0]
+            return self.model(x, use_cache=False, return_dict=False)[0]
+
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=32))
+    whisper = transformers.WhisperModel(transformers.WhisperConfig(
+        vocab_size=100, num_mel_bins=8, encoder_layers=1, decoder_layers=1, d_model=32, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_source_positions=16,
+        max_target_positions=16, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1))
+    torchscript, dynamo = ("torchscript", 17), ("dynamo", 20)
+    models = {
+        "segmentation": (Segmenter(), torch.randn(2, 3, 16, 16, generator=g), ["head.weight", "low.bias"],
+                         (torchscript, dynamo)),
+        "detection": (Detector(), torch.randn(2, 3, 16, 16, generator=g), ["loc.weight", "cls.bias"],
+                      (torchscript,)),
+        "llama": (Hidden(llama), torch.randint(0, 100, (2, 8), generator=g), ["model.model.norm.weight"],
+                  (dynamo, ("dynamo", 23))),
+        "whisper": (Hidden(whisper, torch.tensor([[1, 5, 7, 3]])), torch.randn(2, 8, 32, generator=g),
+                    ["model.encoder.conv1.weight"], (dynamo,)),
+        "cond": (Gated(), torch.randn(3, 12, generator=g), ["fc1.weight", "fc2.bias"], (dynamo,)),
+        "window_attention": (WindowAttention(), torch.randn(2, 3, 16, 16, generator=g), ["bias", "qkv.weight"],
+                             (torchscript,)),
+        "super_resolution": (SuperResolution(), torch.randn(1, 1, 8, 8, generator=g), ["body.0.weight"],
+                             (torchscript, dynamo)),
+    }
+    for module, _, _, _ in models.values():
+        _randomize(module, g)
+    return models
 
 
 def _double(module):
@@ -371,19 +533,26 @@ def export_light(out: pathlib.Path) -> dict:
 def main() -> None:
     out = HERE
     only = set(sys.argv[1:])
-    records = {}
+    records, versions = {}, {}
     versions_file = out / "versions.json"
     if versions_file.exists():
         records = json.loads(versions_file.read_text()).get("models", {})
+        versions = json.loads(versions_file.read_text()).get("packages", {})
     if not only or "torch" in only:
         records.update(export_torch(out))
     if not only or "jax" in only:
         records.update(export_jax(out))
     if not only or "light" in only:
         records.update(export_light(out))
+    if not only or "families" in only:
+        records.update(export_torch(out, family_models()))
     packages = ["torch", "torchvision", "transformers", "onnxscript", "jax2onnx", "jax", "flax", "onnx",
                 "onnxruntime", "numpy"]
-    versions = {p: importlib.metadata.version(p) for p in packages}
+    for p in packages:  # a package this run did not need keeps the version recorded before
+        try:
+            versions[p] = importlib.metadata.version(p)
+        except importlib.metadata.PackageNotFoundError:
+            pass
     versions_file.write_text(json.dumps({"packages": versions, "seed": SEED, "models": records}, indent=1,
                                         sort_keys=True) + "\n")
 
