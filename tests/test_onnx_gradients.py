@@ -214,6 +214,12 @@ CASES = [
      {}, {"mode": "cubic", "padding_mode": "reflection"}, 1, 22),
     ("GridSample-16-border", "GridSample", {"x": _x(2, 1, 3, 3), "grid": _x(2, 2, 2, 2, low=-1.2, high=1.2)}, {},
      {"mode": "bilinear", "padding_mode": "border", "align_corners": 1}, 1, 16),
+    ("RoiAlign", "RoiAlign", {"x": _x(1, 2, 6, 6)},
+     {"rois": np.array([[0.5, 0.7, 4.2, 3.9], [1.1, 0.3, 5.0, 5.5]]), "batch_indices": _i64(0, 0)},
+     {"output_height": 2, "output_width": 3, "sampling_ratio": 2}, 1, 16),
+    ("RoiAlign-max", "RoiAlign", {"x": _away(1, 1, 5, 5)},
+     {"rois": np.array([[0.2, 0.4, 3.3, 4.1]]), "batch_indices": _i64(0)},
+     {"output_height": 2, "output_width": 2, "sampling_ratio": 2, "mode": "max"}, 1, 16),
     ("AffineGrid", "AffineGrid", {"theta": _x(2, 2, 3)}, {"size": _i64(2, 1, 3, 4)}, {}, 1, 20),
     ("Col2Im", "Col2Im", {"x": _x(1, 8, 6)}, {"image_shape": _i64(3, 4), "block_shape": _i64(2, 2)}, {}, 1, 18),
     ("DFT", "DFT", {"x": _x(2, 5, 1)}, {"dft_length": _i64(6), "axis": _i64(1)},
@@ -340,6 +346,8 @@ def test_every_differentiable_operator_is_checked():
         "Hardmax",  # piecewise constant: 0 almost everywhere
         "Compress", "Unique", "NonMaxSuppression",  # output sizes that depend on values: op by op, never traced
         "BitCast",  # the bits reinterpreted: no derivative
+        # random draws: constants for differentiation (tests/test_onnx_ops.py)
+        "RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli", "Multinomial",
     }
     checked = {c[1] for c in CASES}
     table = {op for domain, op, _ in optkit.onnx.supported_ops() if domain == ""}

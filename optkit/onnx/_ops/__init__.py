@@ -23,7 +23,9 @@ Where an operator goes: its family module, by what it does:
 - :mod:`~optkit.onnx._ops.indexing`: Scatter*, TopK, OneHot, Compress, NonZero, Unique,
   ReverseSequence, EyeLike, DepthToSpace, SpaceToDepth, CenterCropPad;
 - :mod:`~optkit.onnx._ops.resize`: ``Resize``, ``Upsample``;
-- :mod:`~optkit.onnx._ops.sampling`: ``GridSample``, ``AffineGrid``, ``Col2Im``;
+- :mod:`~optkit.onnx._ops.sampling`: ``GridSample``, ``AffineGrid``, ``Col2Im``, ``RoiAlign``;
+- :mod:`~optkit.onnx._ops.randomness`: ``RandomUniform``, ``RandomNormal``, their ``*Like`` forms,
+  ``Bernoulli``, ``Multinomial`` (seeded with ``jax.random``);
 - :mod:`~optkit.onnx._ops.quantize`: ``QuantizeLinear``, ``DequantizeLinear``,
   ``DynamicQuantizeLinear``.
 
@@ -46,6 +48,7 @@ from optkit.onnx._ops import (
     nn,
     normalization,
     quantize,
+    randomness,
     recurrent,
     reduce,
     resize,
@@ -59,7 +62,7 @@ __all__ = ["TABLE", "supported_ops"]
 
 TABLE = OpTable(elementwise.OPS, nn.OPS, normalization.OPS, recurrent.OPS, shape.OPS, reduce.OPS, loss.OPS,
                 training.OPS, control.OPS, attention.OPS, quantize.OPS,
-                resize.OPS, sampling.OPS, indexing.OPS, algebra.OPS)
+                resize.OPS, sampling.OPS, randomness.OPS, indexing.OPS, algebra.OPS)
 
 
 def supported_ops() -> list[tuple[str, str, int]]:

@@ -252,12 +252,48 @@ def _reduce_window(x, init, op, windows, pads):
     )
 
 
+def _argmax_indices(ctx, x, windows, init, column_major):
+    """MaxPool's ``Indices``: each window's first maximum (in row-major window order), as its index into X
+    flattened row-major, or with the spatial axes column-major (``storage_order=1``); pads never win."""
+    if not all(w.begin < w.span and w.end < w.span for w in windows):
+        raise ctx.unsupported("the Indices output with pads as large as the window is not supported")
+    shape = jnp.shape(x)
+    index = jnp.reshape(jnp.arange(math.prod(shape), dtype=jnp.int64), shape)
+
+    def pick(a, b):
+        (xa, ia), (xb, ib) = a, b
+        first = (xa > xb) | ((xa == xb) & (ia < ib))
+        return jnp.where(first, xa, xb), jnp.where(first, ia, ib)
+
+    _, flat = lax.reduce_window((x, index), (init, np.asarray(np.iinfo(np.int64).max)), pick,
+                                (1, 1, *(w.k for w in windows)), (1, 1, *(w.s for w in windows)),
+                                ((0, 0), (0, 0), *((w.begin, w.end) for w in windows)),
+                                window_dilation=(1, 1, *(w.d for w in windows)))
+    if not column_major:
+        return flat
+    spatial = math.prod(shape[2:])
+    return flat // spatial * spatial + _column_major(flat % spatial, shape[2:])
+
+
+def _column_major(row_major, dims):
+    """Row-major flat positions in ``dims`` as column-major ones (the first axis varying fastest)."""
+    coordinates = []
+    rest = row_major
+    for size in reversed(dims):
+        coordinates.append(rest % size)
+        rest = rest // size
+    coordinates.reverse()
+    out, stride = 0, 1
+    for coordinate, size in zip(coordinates, dims):
+        out, stride = out + coordinate * stride, stride * size
+    return out
+
+
 @OPS.op("MaxPool", 1, 8, 10, 11, 12, 22)
 def _max_pool(ctx):
-    if ctx.has_output(1):
-        raise ctx.unsupported("the Indices output is not supported; leave the second output out")
     if ctx.version < 8 and ctx.attrs.get("storage_order", 0):
         raise ctx.unsupported("storage_order is only used by the Indices output")
+    column_major = bool(ctx.attrs.get("storage_order", 0))
 
     def max_pool(x):
         windows, _ = _pool_windows(ctx, x, dilations_allowed=ctx.version >= 10)
@@ -267,7 +303,10 @@ def _max_pool(ctx):
         init = np.asarray(lowest(dtype), dtype)
         y, shape, _ = _windowed(ctx, x, windows, None,
                                 lambda core, pads, _: _reduce_window(core, init, lax.max, windows, pads), init)
-        return jnp.full(shape, init, dtype) if y is None else y
+        y = jnp.full(shape, init, dtype) if y is None else y
+        if ctx.has_output(1):
+            return y, _argmax_indices(ctx, lax.stop_gradient(x), windows, init, column_major)
+        return y
 
     return max_pool
 

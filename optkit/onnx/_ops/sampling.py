@@ -1,4 +1,5 @@
-"""Spatial sampling: ``GridSample`` (versions 16, 20, 22), ``AffineGrid`` (20), ``Col2Im`` (18).
+"""Spatial sampling: ``GridSample`` (versions 16, 20, 22), ``AffineGrid`` (20), ``Col2Im`` (18), ``RoiAlign``
+(10, 16, 22).
 
 ``GridSample`` reads ``X`` (N, C, D1, ..., Dr) at the normalized coordinates of
 ``grid`` (N, H1, ..., Hr, r), whose last axis lists them innermost spatial axis
@@ -19,13 +20,16 @@ its block's position (strides, dilations), and the pads are cut off.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
 import jax.numpy as jnp
 import numpy as np
 
+from optkit.onnx._errors import ValueDependentError
 from optkit.onnx._ops._registry import Family
+from optkit.onnx._ops._values import as_static
 
 OPS = Family("sampling")
 
@@ -178,3 +182,87 @@ def _col2im(ctx):
         return out[(slice(None), slice(None), *(slice(pads[i], pads[i] + image[i]) for i in range(r)))]
 
     return col2im
+
+
+def _roi_axis(start, bin_size, grid, grid_max, pooled, size):
+    """One axis of RoiAlign's samples (ONNX's ``pre_calc_for_bilinear_interpolate``): for each roi, output
+    index and sample (R, pooled, grid_max), the two neighbours' indices, their weights, and whether the sample
+    counts (inside the roi's own grid, and not beyond -1 or ``size``)."""
+    step = jnp.arange(pooled)[None, :, None]
+    sample = jnp.arange(grid_max)[None, None, :]
+    grid = grid[:, None, None]
+    coord = start[:, None, None] + step * bin_size[:, None, None] + (sample + 0.5) * bin_size[:, None, None] / grid
+    counts = (sample < grid) & (coord >= -1.0) & (coord <= size)
+    coord = jnp.maximum(coord, 0)
+    low = jnp.floor(coord).astype(jnp.int32)
+    at_edge = low >= size - 1
+    low = jnp.where(at_edge, size - 1, low)
+    high = jnp.where(at_edge, size - 1, low + 1)
+    frac = jnp.where(at_edge, 0, coord - low)
+    return low, high, 1 - frac, frac, counts
+
+
+@OPS.op("RoiAlign", 10, 16, 22)
+def _roi_align(ctx):
+    """Each roi (x1, y1, x2, y2, scaled by ``spatial_scale``; ``half_pixel`` shifts by -0.5 from version 16)
+    split into ``output_height x output_width`` bins, each the average (or the maximum of the weighted corner
+    values, as ONNX's reference computes ``max``) of bilinear samples on a regular grid of ``sampling_ratio``
+    per axis, or ``ceil(bin size)`` when it is 0 (then the rois must be known: run op by op)."""
+    mode = ctx.attrs.get("mode", "avg")
+    transform = ctx.attrs.get("coordinate_transformation_mode", "half_pixel" if ctx.version >= 16
+                              else "output_half_pixel")
+    pooled_h, pooled_w = int(ctx.attrs.get("output_height", 1)), int(ctx.attrs.get("output_width", 1))
+    ratio, scale = int(ctx.attrs.get("sampling_ratio", 0)), float(ctx.attrs.get("spatial_scale", 1.0))
+    if mode not in ("avg", "max") or transform not in ("half_pixel", "output_half_pixel") or min(
+            pooled_h, pooled_w) < 1 or ratio < 0:
+        raise ctx.error(f"mode {mode!r}, coordinate_transformation_mode {transform!r}, output size "
+                        f"{pooled_h}x{pooled_w} or sampling_ratio {ratio} out of range")
+
+    def roi_align(x, rois, batch_indices):
+        if jnp.ndim(x) != 4 or jnp.ndim(rois) != 2 or jnp.shape(rois)[1] != 4 or jnp.shape(batch_indices) != (
+                jnp.shape(rois)[0],):
+            raise ctx.error(f"X (N, C, H, W), rois (R, 4) and batch_indices (R,) do not fit: shapes {jnp.shape(x)}, "
+                            f"{jnp.shape(rois)}, {jnp.shape(batch_indices)}")
+        n_rois, (_, channels, height, width) = jnp.shape(rois)[0], jnp.shape(x)
+        ctx.check_size((n_rois, channels, pooled_h, pooled_w), jnp.result_type(x), "the output")
+        offset = 0.5 if transform == "half_pixel" else 0.0
+        boxes = jnp.asarray(rois).astype(jnp.result_type(x)) * scale - offset
+        size_w, size_h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+        if transform != "half_pixel":
+            size_w, size_h = jnp.maximum(size_w, 1.0), jnp.maximum(size_h, 1.0)
+        bin_h, bin_w = size_h / pooled_h, size_w / pooled_w
+        if ratio > 0:
+            grid_h = grid_w = jnp.full((n_rois,), ratio)
+            max_h = max_w = ratio
+        else:
+            known_h, known_w = as_static(bin_h), as_static(bin_w)
+            if known_h is None or known_w is None:
+                raise ValueDependentError(ctx.message("with sampling_ratio 0 the sample grid depends on the rois' "
+                                                      "values: run the model op by op (prepare(..., jit=False))"))
+            grid_h, grid_w = np.ceil(known_h).astype(np.int64), np.ceil(known_w).astype(np.int64)
+            max_h, max_w = max(int(grid_h.max(initial=1)), 1), max(int(grid_w.max(initial=1)), 1)
+        ctx.check_size((n_rois, channels, pooled_h, pooled_w, max_h, max_w, 4), jnp.result_type(x), "the samples")
+        y0, y1, wy0, wy1, in_y = _roi_axis(boxes[:, 1], bin_h, jnp.asarray(grid_h), max_h, pooled_h, height)
+        x0, x1, wx0, wx1, in_x = _roi_axis(boxes[:, 0], bin_w, jnp.asarray(grid_w), max_w, pooled_w, width)
+        image = jnp.moveaxis(jnp.asarray(x), 1, -1)[jnp.asarray(batch_indices).astype(jnp.int32)]  # (R, H, W, C)
+        rows = jnp.arange(n_rois)[:, None, None, None, None]
+
+        def corner(ys, xs, wy, wx):  # (R, ph, pw, gh, gw, C): the weighted corner value
+            value = image[rows, ys[:, :, None, :, None], xs[:, None, :, None, :]]
+            return value * (wy[:, :, None, :, None] * wx[:, None, :, None, :])[..., None]
+
+        corners = [corner(y0, x0, wy0, wx0), corner(y0, x1, wy0, wx1), corner(y1, x0, wy1, wx0),
+                   corner(y1, x1, wy1, wx1)]
+        counts = (in_y[:, :, None, :, None] & in_x[:, None, :, None, :])[..., None]
+        inside = (jnp.arange(max_h)[None, :, None] < jnp.asarray(grid_h)[:, None, None]) & (
+            jnp.arange(max_w)[None, None, :] < jnp.asarray(grid_w)[:, None, None])  # (R, gh, gw)
+        inside = inside[:, None, None, :, :, None]
+        if mode == "avg":
+            total = jnp.sum(jnp.where(counts, sum(corners), 0), axis=(3, 4))
+            out = total / jnp.maximum(jnp.asarray(grid_h) * jnp.asarray(grid_w), 1)[:, None, None, None]
+        else:  # a sample outside the image counts as 0 (its weights are 0), one beyond the roi's grid not at all
+            best = jnp.where(counts, functools.reduce(jnp.maximum, corners), 0)
+            out = jnp.max(jnp.where(inside, best, -jnp.inf), axis=(3, 4))
+        return jnp.moveaxis(out, -1, 1).astype(jnp.result_type(x))
+
+    return roi_align
