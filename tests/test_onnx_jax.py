@@ -129,7 +129,8 @@ OPTKIT_OPTIMIZERS = {
 
 @pytest.mark.parametrize("optimizer", list(OPTKIT_OPTIMIZERS))
 def test_nnx_optimizer_steps_equal_the_plain_steps(optimizer):
-    model, data = _load("torch_torchscript_cnn")
+    # T5X's Adafactor refuses parameters of rank > 2 without a factor rule: the MLP (matrices and vectors) for it.
+    model, data = _load("torch_torchscript_mlp" if optimizer == "t5x_adafactor" else "torch_torchscript_cnn")
     x = data["input"]
     y = np.zeros(data["output"].shape, np.float32)
     apply_fn, params = optkit.onnx.to_jax(model)

@@ -81,11 +81,11 @@ def test_same_numbers_as_the_snapshot(name):
     if name.startswith("onnx.") and importlib.util.find_spec("onnx") is None:
         pytest.skip("the onnx extra is not installed")
     assert name in CASES, f"case {name} of the snapshot no longer exists in tests/snapshot/cases.py"
+    if "refused" in want:
+        return  # not run by the snapshot's revision: nothing to compare (tests/test_onnx_backend.py runs it now)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         got = CASES[name]()
-    if "refused" in want:
-        return  # not run by the snapshot's revision: nothing to compare
     removed = {f for f in want if f not in got and any(re.match(p, f"{name}|{f}") for p in REMOVED)}
     assert sorted(got) == sorted(set(want) - removed), f"{name}: outputs {sorted(got)} != snapshot {sorted(want)}"
     for field, value in want.items():
