@@ -589,3 +589,34 @@ def test_max_pool_indices_equal_onnx_runtime(attrs):
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
         assert got[1].dtype == np.int64
+
+
+@pytest.mark.parametrize("attrs, multiplier", [
+    ({"pads": [1, 1, 1, 1]}, 1),
+    ({"strides": [2, 2], "pads": [2, 2, 2, 2], "kernel_shape": [5, 5]}, 1),
+    ({"dilations": [2, 2], "pads": [2, 1, 2, 1]}, 2),
+])
+def test_a_large_depthwise_convolution_equals_xla_grouped_convolution_with_its_gradients(attrs, multiplier):
+    """Above 2**16 output elements on CPU a depthwise Conv is a sum of shifted slices (nn._depthwise): its value
+    and its gradients equal XLA's grouped convolution in float64."""
+    c, k = 16, attrs.get("kernel_shape", [3, 3])[0]
+    x = RNG.normal(size=(2, c, 96, 96))
+    w = RNG.normal(size=(c * multiplier, 1, k, k))
+    model = _node_model("Conv", {"x": x, "w": w}, {"group": c, **attrs})
+    rep = optkit.onnx.prepare(model)
+    assert np.prod(rep.run([x, w])[0].shape) >= 2**16  # the shifted-slices path
+
+    def xla(x, w):
+        pads = attrs.get("pads", [0, 0, 0, 0])
+        return jax.lax.conv_general_dilated(x, w, attrs.get("strides", [1, 1]),
+                                            [(pads[0], pads[2]), (pads[1], pads[3])],
+                                            rhs_dilation=attrs.get("dilations", [1, 1]), feature_group_count=c)
+
+    fn, params = optkit.onnx.to_jax(model, trainable=[])
+    with jax.enable_x64(True):
+        np.testing.assert_allclose(rep.run([x, w])[0], np.asarray(xla(x, w)), rtol=1e-12, atol=1e-12)
+        cot = RNG.normal(size=np.shape(xla(x, w)))
+        got = jax.grad(lambda x, w: jnp.sum(fn(params, x, w) * cot), argnums=(0, 1))(x, w)
+        want = jax.grad(lambda x, w: jnp.sum(xla(x, w) * cot), argnums=(0, 1))(x, w)
+    for g, h in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=1e-10, atol=1e-10)

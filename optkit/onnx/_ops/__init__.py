@@ -5,7 +5,8 @@ Where an operator goes: its family module, by what it does:
 - :mod:`~optkit.onnx._ops.elementwise`: arithmetic, activations, comparisons,
   logic, ``Where``, casts;
 - :mod:`~optkit.onnx._ops.nn`: ``MatMul``, ``Gemm``, softmaxes, convolution
-  (and transposed), pooling;
+  (and transposed);
+- :mod:`~optkit.onnx._ops.pool`: max, average, Lp and global pooling;
 - :mod:`~optkit.onnx._ops.normalization`: batch, layer and instance
   normalization, ``LRN``, ``Dropout``;
 - :mod:`~optkit.onnx._ops.recurrent`: ``RNN``, ``GRU``, ``LSTM`` (a ``lax.scan``);
@@ -47,6 +48,7 @@ from optkit.onnx._ops import (
     loss,
     nn,
     normalization,
+    pool,
     quantize,
     randomness,
     recurrent,
@@ -60,7 +62,7 @@ from optkit.onnx._ops._registry import OpTable
 
 __all__ = ["TABLE", "supported_ops"]
 
-TABLE = OpTable(elementwise.OPS, nn.OPS, normalization.OPS, recurrent.OPS, shape.OPS, reduce.OPS, loss.OPS,
+TABLE = OpTable(elementwise.OPS, nn.OPS, pool.OPS, normalization.OPS, recurrent.OPS, shape.OPS, reduce.OPS, loss.OPS,
                 training.OPS, control.OPS, attention.OPS, quantize.OPS,
                 resize.OPS, sampling.OPS, randomness.OPS, indexing.OPS, algebra.OPS)
 

@@ -1,16 +1,18 @@
-"""Neural-network operators: MatMul and Gemm, Softmax and LogSoftmax, convolution (and transposed), pooling."""
+"""Neural-network operators: MatMul and Gemm, Softmax and LogSoftmax, convolution (and transposed)."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from optkit.onnx._ops._common import axis_index, log_softmax, lowest, softmax
+from optkit.onnx._ops._common import axis_index, log_softmax, softmax
 from optkit.onnx._ops._registry import Family, NodeContext
 
 OPS = Family("nn")
@@ -172,6 +174,32 @@ def _windowed(ctx: NodeContext, x, windows: Sequence[_Window], pad_value, comput
     return jnp.pad(block, placement, constant_values=fill), out_shape, cores
 
 
+# Output elements from which a depthwise convolution is computed by _depthwise on CPU.
+_SHIFTED_MIN = 2**16
+
+
+def _depthwise(x, w, strides, dilations):
+    """A VALID depthwise convolution (``x`` (N, C, D1, ...) already padded, ``w`` (C * m, 1, k1, ...)) as a sum of
+    the kernel's shifted, strided slices of ``x`` times one weight per channel: XLA fuses it into one loop.
+    XLA:CPU's grouped convolution with one channel per group took 56 ms for (8, 64, 56, 56) and a 3x3 kernel,
+    this 0.3 ms (the gradient 173 ms and 44 ms); but it compiles about 1 s slower per layer with its gradient,
+    so small outputs (below ``_SHIFTED_MIN`` elements, where both run in well under a millisecond) keep XLA's
+    convolution (benchmarks/RESULTS.md)."""
+    kernel = jnp.shape(w)[2:]
+    multiplier = jnp.shape(w)[0] // jnp.shape(x)[1]
+    if multiplier > 1:  # output channel c * m + j reads input channel c
+        x = jnp.repeat(x, multiplier, axis=1)
+    out = [(size - (k - 1) * d - 1) // s + 1 for size, k, d, s in zip(jnp.shape(x)[2:], kernel, dilations, strides)]
+    total = None
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        start = [0, 0, *(o * d for o, d in zip(offset, dilations))]
+        limit = [*jnp.shape(x)[:2], *(b + (n - 1) * s + 1 for b, n, s in zip(start[2:], out, strides))]
+        term = lax.slice(x, start, limit, [1, 1, *strides]) * jnp.reshape(
+            w[(slice(None), 0, *offset)], (1, -1) + (1,) * len(kernel))
+        total = term if total is None else total + term
+    return total
+
+
 @OPS.op("Conv", 1, 11, 22)
 def _conv(ctx):
     group = int(ctx.attrs.get("group", 1))
@@ -201,9 +229,18 @@ def _conv(ctx):
         # Zeros padded explicitly (at most a span on each side of the part of X the windows reach), then
         # a VALID convolution: XLA:CPU's convolution with padding larger than the kernel on a tiny input
         # crashed the process, and padding all of pads can be far larger than memory.
-        y, shape, _ = _windowed(ctx, x, windows, 0, lambda core, _, __: lax.conv_general_dilated(
-            core, w, window_strides=strides, padding="VALID", rhs_dilation=dilations, feature_group_count=group),
-            0)
+        # One input channel per group (MobileNet, EfficientNet), on CPU, on an output large enough for its running
+        # time to matter more than the longer compile (see _depthwise).
+        depthwise = (group > 1 and jnp.shape(w)[1] == 1 and jax.default_backend() == "cpu"
+                     and jnp.shape(x)[0] * jnp.shape(w)[0] * math.prod(win.out for win in windows) >= _SHIFTED_MIN)
+
+        def convolve(core, _, __):
+            if depthwise:
+                return _depthwise(core, w, strides, dilations)
+            return lax.conv_general_dilated(core, w, window_strides=strides, padding="VALID", rhs_dilation=dilations,
+                                            feature_group_count=group)
+
+        y, shape, _ = _windowed(ctx, x, windows, 0, convolve, 0)
         if y is None:  # every window lies in the padding
             y = jnp.zeros((shape[0], jnp.shape(w)[0], *shape[2:]), jnp.result_type(x, w))
         if b is not None:
@@ -211,162 +248,6 @@ def _conv(ctx):
         return y
 
     return conv
-
-
-def _pool_windows(ctx: NodeContext, x, *, dilations_allowed: bool) -> tuple[list[_Window], list]:
-    """Each spatial axis's window with ONNX's output size (``ceil_mode``, ``auto_pad``), and the explicit
-    pads (which ``count_include_pad`` counts)."""
-    n = jnp.ndim(x) - 2
-    if n < 1:
-        raise ctx.error(f"X must be (N, C, D1, ...), got shape {jnp.shape(x)}")
-    kernel = list(ctx.attrs["kernel_shape"])
-    strides, dilations, pads = _spatial_attrs(ctx, n, kernel)
-    if not dilations_allowed and any(d != 1 for d in dilations):
-        raise ctx.unsupported("dilations are not part of this operator version")
-    spatial = jnp.shape(x)[2:]
-    pads = _auto_pads(ctx, spatial, kernel, strides, dilations, pads)
-    ceil_mode = bool(ctx.attrs.get("ceil_mode", 0)) and ctx.attrs.get("auto_pad", "NOTSET") == "NOTSET"
-    windows = []
-    for size, k, s, d, (begin, end) in zip(spatial, kernel, strides, dilations, pads):
-        span = (k - 1) * d + 1
-        room = size + begin + end - span
-        if room < 0:
-            raise ctx.error(f"the window ({span} with dilation) is larger than the padded input "
-                            f"({size + begin + end}) for input shape {jnp.shape(x)}")
-        out = (-(-room // s) if ceil_mode else room // s) + 1
-        if ceil_mode and (out - 1) * s >= size + begin:
-            out -= 1  # the last window would start in the end padding: dropped (ONNX, PyTorch)
-        windows.append(_Window(size, k, d, s, begin, out))
-    ctx.check_size((*jnp.shape(x)[:2], *(w.out for w in windows)), jnp.result_type(x), "the output")
-    return windows, pads
-
-
-def _reduce_window(x, init, op, windows, pads):
-    """``op`` over each window of ``x`` (already cropped to what the windows reach), ``pads`` virtual."""
-    return lax.reduce_window(
-        x, init, op,
-        window_dimensions=(1, 1, *(w.k for w in windows)),
-        window_strides=(1, 1, *(w.s for w in windows)),
-        padding=((0, 0), (0, 0), *pads),
-        window_dilation=(1, 1, *(w.d for w in windows)),
-    )
-
-
-def _argmax_indices(ctx, x, windows, init, column_major):
-    """MaxPool's ``Indices``: each window's first maximum (in row-major window order), as its index into X
-    flattened row-major, or with the spatial axes column-major (``storage_order=1``); pads never win."""
-    if not all(w.begin < w.span and w.end < w.span for w in windows):
-        raise ctx.unsupported("the Indices output with pads as large as the window is not supported")
-    shape = jnp.shape(x)
-    index = jnp.reshape(jnp.arange(math.prod(shape), dtype=jnp.int64), shape)
-
-    def pick(a, b):
-        (xa, ia), (xb, ib) = a, b
-        first = (xa > xb) | ((xa == xb) & (ia < ib))
-        return jnp.where(first, xa, xb), jnp.where(first, ia, ib)
-
-    _, flat = lax.reduce_window((x, index), (init, np.asarray(np.iinfo(np.int64).max)), pick,
-                                (1, 1, *(w.k for w in windows)), (1, 1, *(w.s for w in windows)),
-                                ((0, 0), (0, 0), *((w.begin, w.end) for w in windows)),
-                                window_dilation=(1, 1, *(w.d for w in windows)))
-    if not column_major:
-        return flat
-    spatial = math.prod(shape[2:])
-    return flat // spatial * spatial + _column_major(flat % spatial, shape[2:])
-
-
-def _column_major(row_major, dims):
-    """Row-major flat positions in ``dims`` as column-major ones (the first axis varying fastest)."""
-    coordinates = []
-    rest = row_major
-    for size in reversed(dims):
-        coordinates.append(rest % size)
-        rest = rest // size
-    coordinates.reverse()
-    out, stride = 0, 1
-    for coordinate, size in zip(coordinates, dims):
-        out, stride = out + coordinate * stride, stride * size
-    return out
-
-
-@OPS.op("MaxPool", 1, 8, 10, 11, 12, 22)
-def _max_pool(ctx):
-    if ctx.version < 8 and ctx.attrs.get("storage_order", 0):
-        raise ctx.unsupported("storage_order is only used by the Indices output")
-    column_major = bool(ctx.attrs.get("storage_order", 0))
-
-    def max_pool(x):
-        windows, _ = _pool_windows(ctx, x, dilations_allowed=ctx.version >= 10)
-        dtype = jnp.result_type(x)
-        # A NumPy initial value (a constant, not traced): lax.reduce_window then is reduce_window_max,
-        # which JAX differentiates (a traced one has no gradient rule).
-        init = np.asarray(lowest(dtype), dtype)
-        y, shape, _ = _windowed(ctx, x, windows, None,
-                                lambda core, pads, _: _reduce_window(core, init, lax.max, windows, pads), init)
-        y = jnp.full(shape, init, dtype) if y is None else y
-        if ctx.has_output(1):
-            return y, _argmax_indices(ctx, lax.stop_gradient(x), windows, init, column_major)
-        return y
-
-    return max_pool
-
-
-@OPS.op("AveragePool", 1, 7, 10, 11, 19, 22)
-def _average_pool(ctx):
-    count_include_pad = bool(ctx.attrs.get("count_include_pad", 0))
-
-    def average_pool(x):
-        windows, pads = _pool_windows(ctx, x, dilations_allowed=ctx.version >= 19)
-        dtype = jnp.result_type(x)
-        zero = np.zeros((), dtype)
-
-        def mean(core, core_pads, ranges):
-            total = _reduce_window(core, zero, lax.add, windows, core_pads)
-            # The divisor counts the input elements in each window, plus the explicit pads with
-            # count_include_pad (never the extra end padding of ceil_mode): per axis, then their product.
-            count = np.ones((), np.int64)
-            for w, (begin, end), (first, last) in zip(windows, pads, ranges):
-                low, high = (-begin, w.n + end) if count_include_pad else (0, w.n)
-                count = np.multiply.outer(count, w.counts(low, high, first, last))
-            return total / count.astype(dtype)
-
-        # A window in the padding alone: 0 over the pads it counts, 0/0 (NaN) over none.
-        fill = np.asarray(0.0 if count_include_pad else np.nan, dtype)
-        y, shape, _ = _windowed(ctx, x, windows, None, mean, fill)
-        return jnp.full(shape, fill, dtype) if y is None else y
-
-    return average_pool
-
-
-@OPS.op("LpPool", 1, 2, 11, 18, 22)
-def _lp_pool(ctx):
-    """``(sum over the window of |x|^p)^(1/p)``, the pads counting 0 (ONNX's reference: the window count times
-    the padded average)."""
-    p = float(ctx.attrs.get("p", 2.0))
-
-    def lp_pool(x):
-        windows, _ = _pool_windows(ctx, x, dilations_allowed=ctx.version >= 18)
-        dtype = jnp.result_type(x)
-        zero = np.zeros((), dtype)
-        powered = jnp.power(jnp.abs(x), jnp.asarray(p, dtype))
-        y, shape, _ = _windowed(ctx, powered, windows, None,
-                                lambda core, pads, _: _reduce_window(core, zero, lax.add, windows, pads), zero)
-        total = jnp.zeros(shape, dtype) if y is None else y
-        return jnp.power(total, jnp.asarray(1.0 / p, dtype))
-
-    return lp_pool
-
-
-@OPS.op("GlobalAveragePool", 1, 22, params=(jnp.mean,))
-@OPS.op("GlobalMaxPool", 1, 22, params=(jnp.max,))
-def _global_pool(ctx, reduce):
-    """GlobalAveragePool / GlobalMaxPool: ``reduce`` over every spatial axis of (N, C, D1, ...)."""
-    def global_pool(x):
-        if jnp.ndim(x) < 3:
-            raise ctx.error(f"X must be (N, C, D1, ...), got shape {jnp.shape(x)}")
-        return reduce(x, axis=tuple(range(2, jnp.ndim(x))), keepdims=True)
-
-    return global_pool
 
 
 @OPS.op("ConvTranspose", 1, 11, 22)
