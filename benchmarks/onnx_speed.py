@@ -1,0 +1,173 @@
+"""optkit.onnx against ONNX Runtime (inference) and torch eager (training), on CPU, one model at a time.
+
+Each model is built with random weights (torchvision / transformers), exported at run time by torch.onnx
+(TorchScript exporter, opset 17), and timed:
+
+- **inference**: ONNX Runtime's ``InferenceSession.run`` against ``optkit.onnx.prepare(model).run`` (jitted);
+- **training step**: ``torch`` eager (``loss.backward()``, ``torch.optim.Adam``) against the same step on
+  ``optkit.onnx.to_jax``'s ``apply_fn`` (``jax.value_and_grad``, ``optkit.adam``, ``optax.apply_updates``,
+  ``jax.jit`` with the parameters and state donated);
+- **first training step**: the same, from nothing compiled (optkit's includes tracing and XLA's compile).
+
+Times are medians over ``--repeats`` runs after one warm-up; the ratios are optkit's time over the other's.
+Threads: ONNX Runtime ``intra_op_num_threads`` and ``torch.set_num_threads`` are ``--threads``; XLA:CPU uses
+the machine's cores. Needs torch, torchvision and transformers (not optkit dependencies)::
+
+    python -m benchmarks.onnx_speed                         # every model (several minutes on 2 cores)
+    python -m benchmarks.onnx_speed --models mobilenet_v3_small --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import time
+import warnings
+
+import numpy as np
+
+MODELS = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "bert", "gpt2")
+
+
+def _build(name: str, batch: int):
+    """``(module, example input, loss of (output, target))`` with random weights."""
+    import torch
+
+    torch.manual_seed(0)
+    if name in ("bert", "gpt2"):
+        import transformers
+
+        if name == "bert":
+            model = transformers.BertModel(transformers.BertConfig(
+                vocab_size=1000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                intermediate_size=1024, max_position_embeddings=128), add_pooling_layer=False)
+        else:
+            model = transformers.GPT2Model(transformers.GPT2Config(
+                vocab_size=1000, n_positions=128, n_embd=256, n_layer=4, n_head=4))
+
+        class First(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, ids):
+                return self.inner(ids, use_cache=False, return_dict=False)[0] if name == "gpt2" else self.inner(
+                    ids, return_dict=False)[0]
+
+        return First(model), torch.randint(0, 1000, (batch, 128))
+    try:
+        import torchvision
+    except RuntimeError:  # a PyPI torchvision built for another torch: its C++ operators stubbed (unused here)
+        from tests.models.make_models import _import_torchvision
+
+        torchvision = _import_torchvision()
+    constructor = getattr(torchvision.models, name)
+    return constructor(weights=None, num_classes=10), torch.randn(batch, 3, 224, 224)
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(name: str, batch: int, repeats: int, threads: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import onnx
+    import onnxruntime
+    import optax
+    import torch
+
+    import optkit
+    import optkit.onnx
+
+    torch.set_num_threads(threads)
+    module, x = _build(name, batch)
+    module.eval()
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), buffer, input_names=["input"], output_names=["output"], opset_version=17,
+                          dynamo=False)
+    model = onnx.load_from_string(buffer.getvalue())
+    feed = x.numpy()
+    row = {"model": name}
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = onnxruntime.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
+    rep = optkit.onnx.prepare(model)
+    row["ort_inference_s"] = _median_time(lambda: session.run(None, {"input": feed}), repeats)
+    row["optkit_inference_s"] = _median_time(lambda: rep.run([feed]), repeats)
+
+    # Training: torch eager.
+    with torch.no_grad():
+        target = torch.randn_like(module(x))
+    module.train()
+    opt = torch.optim.Adam(module.parameters(), lr=1e-4)
+
+    def torch_step():
+        opt.zero_grad()
+        loss = torch.mean((module(x) - target) ** 2)
+        loss.backward()
+        opt.step()
+
+    start = time.perf_counter()
+    torch_step()
+    row["torch_first_step_s"] = time.perf_counter() - start
+    row["torch_step_s"] = _median_time(torch_step, repeats)
+
+    # Training: optkit (the exported model as a JAX function).
+    start = time.perf_counter()
+    apply_fn, params = optkit.onnx.to_jax(model)
+    tx = optkit.adam(1e-4)
+    y = jnp.asarray(target.detach().numpy())
+
+    def step(p, state, inputs):
+        loss, grads = jax.value_and_grad(lambda q: jnp.mean((apply_fn(q, inputs) - y) ** 2))(p)
+        updates, state = tx.update(grads, state, p)
+        return optax.apply_updates(p, updates), state, loss
+
+    step = jax.jit(step, donate_argnums=(0, 1))
+    state = tx.init(params)
+    carry = [params, state]
+
+    def jax_step():
+        carry[0], carry[1], loss = step(carry[0], carry[1], feed)
+        jax.block_until_ready(loss)
+
+    jax_step()
+    row["optkit_first_step_s"] = time.perf_counter() - start
+    row["optkit_step_s"] = _median_time(jax_step, repeats)
+    row["inference_ratio"] = row["optkit_inference_s"] / row["ort_inference_s"]
+    row["step_ratio"] = row["optkit_step_s"] / row["torch_step_s"]
+    row["first_step_ratio"] = row["optkit_first_step_s"] / row["torch_first_step_s"]
+    return row
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--batch", type=int, default=8, help="batch size (default 8)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (default 5)")
+    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime and torch threads (default 2)")
+    args = parser.parse_args(argv)
+    print(f"batch {args.batch}, {args.threads} threads for ONNX Runtime and torch, medians of {args.repeats} runs")
+    print("| model | inference optkit / ORT | training step optkit / torch (Adam) | first training step optkit / torch |")
+    print("|---|---|---|---|")
+    for name in args.models:
+        r = measure(name, args.batch, args.repeats, args.threads)
+        print(f"| {name} | {r['inference_ratio']:.2f}x ({r['optkit_inference_s'] * 1e3:.0f} ms vs "
+              f"{r['ort_inference_s'] * 1e3:.0f} ms) | {r['step_ratio']:.2f}x ({r['optkit_step_s']:.2f} s vs "
+              f"{r['torch_step_s']:.2f} s) | {r['first_step_ratio']:.1f}x ({r['optkit_first_step_s']:.1f} s vs "
+              f"{r['torch_first_step_s']:.2f} s) |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
