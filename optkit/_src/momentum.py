@@ -226,14 +226,13 @@ def momentum(
       ValueError, TypeError: as :func:`scale_by_onnx_momentum`, and for a
         negative ``learning_rate``.
 
-    Example:
-      >>> import jax, jax.numpy as jnp, optax, optkit
+    Example (Nesterov, after Optax's gradient clipping; ONNX's first step uses the whole gradient):
+      >>> import jax.numpy as jnp, optax, optkit
+      >>> tx = optax.chain(optax.clip_by_global_norm(1.0), optkit.momentum(0.1, alpha=0.9, nesterov=True))
       >>> params = {"w": jnp.array([1.0, -2.0])}
-      >>> tx = optkit.momentum(0.1, alpha=0.9)
-      >>> state = tx.init(params)
-      >>> grads = jax.grad(lambda p: jnp.sum(p["w"] ** 2))(params)
-      >>> updates, state = tx.update(grads, state, params)
-      >>> params = optax.apply_updates(params, updates)
+      >>> updates, state = tx.update({"w": jnp.array([0.6, -0.8])}, tx.init(params), params)
+      >>> updates["w"]  # -R * (G + alpha * V) with V = G
+      Array([-0.114...,  0.152...], dtype=float32)
     """
     hyperparams.check_scalar("learning_rate", learning_rate, low=0.0, allow_schedule=True)
     return optax.chain(_transformation("momentum", learning_rate, alpha, beta, nesterov, norm_coefficient,

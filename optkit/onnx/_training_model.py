@@ -80,12 +80,12 @@ def make_training_model(
     Example:
       >>> import numpy as np, optkit.onnx
       >>> from onnx import TensorProto, helper, numpy_helper
-      >>> graph = helper.make_graph(
-      ...     [helper.make_node("Gemm", ["x", "W", "b"], ["logits"])], "linear",
-      ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
-      ...     [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 2])],
-      ...     [numpy_helper.from_array(np.zeros((3, 2), np.float32), "W"),
-      ...      numpy_helper.from_array(np.zeros(2, np.float32), "b")])
+      >>> weights = [numpy_helper.from_array(np.zeros((3, 2), np.float32), "W"),
+      ...            numpy_helper.from_array(np.zeros(2, np.float32), "b")]
+      >>> nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "b"], ["logits"])]
+      >>> x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])
+      >>> logits_info = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 2])
+      >>> graph = helper.make_graph(nodes, "linear", [x_info], [logits_info], weights)
       >>> model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
       >>> train = optkit.onnx.make_training_model(model)
       >>> step = optkit.onnx.prepare(train)
