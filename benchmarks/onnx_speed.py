@@ -1,7 +1,7 @@
 """optkit.onnx against ONNX Runtime (inference) and torch eager (training), on CPU, one model at a time.
 
 Each model is built with random weights (torchvision / transformers), exported at run time by torch.onnx
-(TorchScript exporter, opset 17), and timed:
+(TorchScript exporter, opset 17; GPT-2 by the dynamo exporter, opset 20), and timed:
 
 - **inference**: ONNX Runtime's ``InferenceSession.run`` against ``optkit.onnx.prepare(model).run`` (jitted);
 - **training step**: ``torch`` eager (``loss.backward()``, ``torch.optim.Adam``) against the same step on
@@ -25,8 +25,6 @@ import statistics
 import time
 import warnings
 
-import numpy as np
-
 MODELS = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "bert", "gpt2")
 
 
@@ -34,6 +32,7 @@ def _build(name: str, batch: int):
     """``(module, example input, loss of (output, target))`` with random weights."""
     import torch
 
+    torchvision = _torchvision()  # before transformers, which imports it
     torch.manual_seed(0)
     if name in ("bert", "gpt2"):
         import transformers
@@ -56,14 +55,18 @@ def _build(name: str, batch: int):
                     ids, return_dict=False)[0]
 
         return First(model), torch.randint(0, 1000, (batch, 128))
+    constructor = getattr(torchvision.models, name)
+    return constructor(weights=None, num_classes=10), torch.randn(batch, 3, 224, 224)
+
+
+def _torchvision():
     try:
         import torchvision
     except RuntimeError:  # a PyPI torchvision built for another torch: its C++ operators stubbed (unused here)
         from tests.models.make_models import _import_torchvision
 
         torchvision = _import_torchvision()
-    constructor = getattr(torchvision.models, name)
-    return constructor(weights=None, num_classes=10), torch.randn(batch, 3, 224, 224)
+    return torchvision
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -93,8 +96,10 @@ def measure(name: str, batch: int, repeats: int, threads: int) -> dict:
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (x,), buffer, input_names=["input"], output_names=["output"], opset_version=17,
-                          dynamo=False)
+        # GPT-2 of transformers 5 uses aten::diff, which the TorchScript exporter cannot write: dynamo, opset 20.
+        dynamo = name == "gpt2"
+        torch.onnx.export(module, (x,), buffer, input_names=["input"], output_names=["output"],
+                          opset_version=20 if dynamo else 17, dynamo=dynamo, external_data=False)
     model = onnx.load_from_string(buffer.getvalue())
     feed = x.numpy()
     row = {"model": name}
@@ -159,7 +164,8 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime and torch threads (default 2)")
     args = parser.parse_args(argv)
     print(f"batch {args.batch}, {args.threads} threads for ONNX Runtime and torch, medians of {args.repeats} runs")
-    print("| model | inference optkit / ORT | training step optkit / torch (Adam) | first training step optkit / torch |")
+    print("| model | inference optkit / ORT | training step optkit / torch (Adam) | "
+          "first training step optkit / torch |")
     print("|---|---|---|---|")
     for name in args.models:
         r = measure(name, args.batch, args.repeats, args.threads)
