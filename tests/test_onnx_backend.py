@@ -88,4 +88,7 @@ def test_selection():
     assert {c.name for c in every if c.kind == "pytorch-converted"} <= listed
     covered = set().union(*(_operators_of(c) for c in every if c.name in listed))
     table = {op for domain, op, _ in optkit.onnx.supported_ops() if domain == ""}
-    assert table <= covered, sorted(table - covered)
+    # ONNX's cases of the random operators compute their expected values with NumPy's generator (skipped by the
+    # conformance harness); tests/test_onnx_ops.py checks their distributions and seeds instead.
+    random = {"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli", "Multinomial"}
+    assert table - random <= covered, sorted(table - random - covered)

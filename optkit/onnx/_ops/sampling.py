@@ -20,10 +20,10 @@ its block's position (strides, dilations), and the pads are cut off.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -261,8 +261,13 @@ def _roi_align(ctx):
             total = jnp.sum(jnp.where(counts, sum(corners), 0), axis=(3, 4))
             out = total / jnp.maximum(jnp.asarray(grid_h) * jnp.asarray(grid_w), 1)[:, None, None, None]
         else:  # a sample outside the image counts as 0 (its weights are 0), one beyond the roi's grid not at all
-            best = jnp.where(counts, functools.reduce(jnp.maximum, corners), 0)
-            out = jnp.max(jnp.where(inside, best, -jnp.inf), axis=(3, 4))
+            # The largest of every sample's corners, picked by index: jnp.max's gradient finds its maximum by
+            # equality, which XLA:CPU's fused multiply-adds broke under jax.jit (a zero gradient everywhere).
+            candidates = jnp.stack([jnp.where(counts & inside, c, jnp.where(inside, 0, -jnp.inf)) for c in corners],
+                                   axis=3)  # (R, ph, pw, 4, gh, gw, C)
+            candidates = jnp.reshape(candidates, (*candidates.shape[:3], -1, channels))
+            pick = jnp.argmax(jax.lax.stop_gradient(candidates), axis=3)[:, :, :, None]
+            out = jnp.take_along_axis(candidates, pick, axis=3)[:, :, :, 0]
         return jnp.moveaxis(out, -1, 1).astype(jnp.result_type(x))
 
     return roi_align
