@@ -15,6 +15,7 @@ the machine's cores. Needs torch, torchvision and transformers (not optkit depen
 
     python -m benchmarks.onnx_speed                         # every model (several minutes on 2 cores)
     python -m benchmarks.onnx_speed --models mobilenet_v3_small --repeats 3
+    python -m benchmarks.onnx_speed --overhead              # BackendRep.run's per-call overhead (no torch)
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import io
 import statistics
 import time
 import warnings
+
+import numpy as np
 
 MODELS = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "bert", "gpt2")
 
@@ -156,13 +159,49 @@ def measure(name: str, batch: int, repeats: int, threads: int) -> dict:
     return row
 
 
+def overhead(calls: int = 3000) -> dict:
+    """Microseconds per call of ``BackendRep.run`` on a warm path (the exported MLP of tests/models, batch 4)
+    against calling its compiled function directly; needs only optkit's test extra."""
+    import pathlib
+
+    import jax
+    import onnx
+
+    import optkit.onnx
+
+    stem = pathlib.Path(__file__).resolve().parent.parent / "tests" / "models" / "torch_torchscript_mlp"
+    rep = optkit.onnx.prepare(onnx.load(f"{stem}.onnx"))
+    x = np.load(f"{stem}.npz")["input"]
+    rep.run([x])
+    (compiled,) = rep._functions.values()
+
+    def per_call(fn):
+        fn()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - start) / calls * 1e6
+
+    with jax.enable_x64(True):
+        direct = per_call(lambda: jax.block_until_ready(compiled(x)))
+    return {"run_us": per_call(lambda: rep.run([x])),
+            "run_device_us": per_call(lambda: jax.block_until_ready(rep.run([x], as_numpy=False))),
+            "direct_us": direct}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--batch", type=int, default=8, help="batch size (default 8)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (default 5)")
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime and torch threads (default 2)")
+    parser.add_argument("--overhead", action="store_true", help="only BackendRep.run's per-call overhead")
     args = parser.parse_args(argv)
+    if args.overhead:
+        r = overhead()
+        print(f"BackendRep.run: {r['run_us']:.1f} us a call (NumPy outputs), {r['run_device_us']:.1f} us "
+              f"(as_numpy=False); the compiled function called directly: {r['direct_us']:.1f} us")
+        return
     print(f"batch {args.batch}, {args.threads} threads for ONNX Runtime and torch, medians of {args.repeats} runs")
     print("| model | inference optkit / ORT | training step optkit / torch (Adam) | "
           "first training step optkit / torch |")
