@@ -37,11 +37,13 @@ def _draw(ctx, normal, shape, dtype):
     if not jnp.issubdtype(dtype, jnp.floating):
         raise ctx.error(f"dtype must be a float type, got {dtype}")
     ctx.check_size(shape, dtype, "the output")
+    # Drawn in float64 for DOUBLE (the graph runs in JAX's 64-bit mode), in float32 for the narrower types.
+    work = dtype if dtype == np.dtype(np.float64) and jax.config.jax_enable_x64 else np.dtype(np.float32)
     if normal:
         mean, scale = float(ctx.attrs.get("mean", 0.0)), float(ctx.attrs.get("scale", 1.0))
-        return (mean + scale * jax.random.normal(_key(ctx), shape, jnp.float32)).astype(dtype)
+        return (mean + scale * jax.random.normal(_key(ctx), shape, work)).astype(dtype)
     low, high = float(ctx.attrs.get("low", 0.0)), float(ctx.attrs.get("high", 1.0))
-    return jax.random.uniform(_key(ctx), shape, jnp.float32, low, high).astype(dtype)
+    return jax.random.uniform(_key(ctx), shape, work, low, high).astype(dtype)
 
 
 @OPS.op("RandomUniform", 1, 22, params=(False,))
