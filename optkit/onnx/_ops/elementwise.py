@@ -261,11 +261,9 @@ def _variadic(ctx, fn, mean=False):
     return variadic
 
 
-_SATURATING = tuple(np.dtype(getattr(jnp, name)) for name in
-                    ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"))
-
-
-_PACKED_INTEGERS = {np.dtype(jnp.int4): 4, np.dtype(jnp.uint4): 4, np.dtype(jnp.int2): 2, np.dtype(jnp.uint2): 2}
+# The float 8 types that ONNX's ``saturate`` applies to (Cast, QuantizeLinear).
+FLOAT8 = tuple(np.dtype(getattr(jnp, name)) for name in
+               ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"))
 
 
 def _to_e8m0(x, saturate: bool, round_mode: str):
@@ -298,11 +296,12 @@ def cast_to(x, dtype, saturate: bool = True, round_mode: str = "up"):
     x, dtype = jnp.asarray(x), np.dtype(dtype)
     if dtype == np.dtype(jnp.float8_e8m0fnu):
         return _to_e8m0(x, saturate, round_mode)
-    if dtype in _SATURATING and saturate and jnp.issubdtype(x.dtype, jnp.floating):
+    if dtype in FLOAT8 and saturate and jnp.issubdtype(x.dtype, jnp.floating):
         high = float(jnp.finfo(dtype).max)
         x = jnp.clip(x, -high, high)
-    if dtype in _PACKED_INTEGERS and x.dtype != dtype:  # wrap around, as ONNX's reference (ml_dtypes) does
-        low, span = int(jnp.iinfo(dtype).min), 1 << _PACKED_INTEGERS[dtype]
+    packed = jnp.issubdtype(dtype, jnp.integer) and storage_bits(dtype) < 8
+    if packed and x.dtype != dtype:  # wrap around, as ONNX's reference (ml_dtypes) does
+        low, span = int(jnp.iinfo(dtype).min), 1 << storage_bits(dtype)
         x = (x.astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32) - low) % span + low
     return x.astype(dtype)
 

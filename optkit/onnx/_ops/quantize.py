@@ -25,7 +25,7 @@ from optkit.onnx._ops import nn
 from optkit.onnx._ops._common import axis_index
 from optkit.onnx._ops._registry import Family
 from optkit.onnx._ops._values import onnx_dtype
-from optkit.onnx._ops.elementwise import cast_to
+from optkit.onnx._ops.elementwise import FLOAT8, cast_to
 
 OPS = Family("quantize")
 
@@ -34,9 +34,13 @@ _RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127), np.dtyp
            np.dtype(jnp.uint2): (0, 3), np.dtype(jnp.int2): (-2, 1)}
 # Quantization to a float type: float 8 saturating (the zero point is not added, as ONNX's reference does),
 # float 4 by a plain cast after adding the zero point.
-_FLOAT8 = tuple(np.dtype(getattr(jnp, name)) for name in
-                ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"))
 _FLOAT4 = (np.dtype(jnp.float4_e2m1fn),)
+
+
+def _check_quantized_type(ctx, dtype):
+    if dtype not in (*_RANGES, *FLOAT8, *_FLOAT4):
+        raise ctx.unsupported(f"quantization to {dtype} is not supported (2- to 16-bit integers, float 8 and "
+                              f"float 4 are)")
 
 
 def _broadcast_param(ctx, value, shape, axis, block_size, what):
@@ -63,9 +67,7 @@ def _out_type(ctx, zero_point):
             raise ctx.error(f"output_dtype {dtype} differs from the zero point's type {zp_type}")
         dtype = zp_type
     dtype = np.dtype(np.uint8) if dtype is None else dtype
-    if dtype not in (*_RANGES, *_FLOAT8, *_FLOAT4):
-        raise ctx.unsupported(f"quantization to {dtype} is not supported (2- to 16-bit integers, float 8 and "
-                              f"float 4 are)")
+    _check_quantized_type(ctx, dtype)
     return dtype
 
 
@@ -78,7 +80,7 @@ def _divide(a, b, dtype):
 
 def _quantize(x, scale, zero_point, dtype, precision=None, saturate=True):
     work = precision or jnp.result_type(x)
-    if dtype in _FLOAT8:
+    if dtype in FLOAT8:
         return cast_to(_divide(x, scale, work), dtype, saturate)
     if dtype in _FLOAT4:
         q = _divide(x, scale, work)
@@ -115,12 +117,12 @@ def _dequantize_linear(ctx):
 
     def dequantize_linear(x, scale, zero_point=None):
         x_type = np.dtype(jnp.result_type(x))
-        if x_type not in (*_RANGES, np.dtype(np.int32), *_FLOAT8, *_FLOAT4):
+        if x_type not in (*_RANGES, np.dtype(np.int32), *FLOAT8, *_FLOAT4):
             raise ctx.unsupported(f"dequantizing {x_type} is not supported")
         shape = jnp.shape(x)
         s = _broadcast_param(ctx, scale, shape, axis, block_size, "x_scale")
         dx = jnp.asarray(x).astype(jnp.float32)
-        if zero_point is not None and x_type not in _FLOAT8:  # a float 8 zero point is 0
+        if zero_point is not None and x_type not in FLOAT8:  # a float 8 zero point is 0
             dx = dx - _broadcast_param(ctx, zero_point, shape, axis, block_size, "x_zero_point").astype(jnp.float32)
         return (dx * s).astype(out or jnp.result_type(scale))
 
@@ -199,9 +201,7 @@ def straight_through(ctx, q_attrs):
     def fake(x, scale, zero_point=None):
         dtype = np.dtype(jnp.result_type(zero_point)) if zero_point is not None else (
             onnx_dtype(declared, ctx.message("output_dtype")) if declared else np.dtype(np.uint8))
-        if dtype not in (*_RANGES, *_FLOAT8, *_FLOAT4):
-            raise ctx.unsupported(f"quantization to {dtype} is not supported (2- to 16-bit integers, float 8 "
-                                  f"and float 4 are)")
+        _check_quantized_type(ctx, dtype)
         shape = jnp.shape(x)
         s = _broadcast_param(ctx, scale, shape, axis, block_size, "x_scale")
         z = None if zero_point is None else _broadcast_param(ctx, zero_point, shape, axis, block_size,
