@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
     for t in tqdm(range(args.steps), desc="fine-tuning", leave=False):
         batch = rng.choice(len(x_train), args.batch_size, replace=False)
         out = step.run({input_name: x_train[batch], "labels": y_train[batch], "R": np.float32(args.lr),
-                        "T": np.int64(t), **state}, as_numpy=False)
+                        "T": np.int64(t), **state}, as_numpy=False, donate=True)  # new weights in old buffers
         if first_step_s is None:
             first_step_s = time.perf_counter() - t0
         losses.append(float(out[0]))

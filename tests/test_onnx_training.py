@@ -9,6 +9,8 @@ intermediate tensor, of a non-scalar y, and of second order. Then the errors
 of the issue's point 5, each raised before anything runs.
 """
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -270,6 +272,44 @@ def test_training_step_equals_jax_grad_and_optkit_adam():
     np.testing.assert_allclose(got[0], loss([W, B]), rtol=1e-6)
     for g, w in zip(got[1:], [*want.X_new, *want.V_new, *want.H_new]):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adagrad", "momentum"])
+def test_a_donated_training_step_reuses_the_weights_and_state_and_equals_the_plain_step(optimizer):
+    """run(..., donate=True) donates exactly the inputs the optimizer node updates (weights, state): they are
+    deleted, the data, labels, R and T are not, no donation goes unused (no warning), the outputs are bitwise
+    the undonated ones; donate= a list donates those names; jit=False donates nothing."""
+    rng = np.random.default_rng(0)
+    gemm = helper.make_node("Gemm", ["x", "w", "b"], ["logits"], transB=1)
+    w = helper.make_tensor("w", onnx.TensorProto.FLOAT, [3, 4], rng.normal(size=12).astype(np.float32))
+    b = helper.make_tensor("b", onnx.TensorProto.FLOAT, [3], np.zeros(3, np.float32))
+    graph = helper.make_graph([gemm], "g", [_info("x", np.float32, ["N", 4])], [_info("logits", np.float32, ["N", 3])],
+                              [w, b])
+    step = optkit.onnx.make_training_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                                           optimizer=optimizer)
+    names = [o.name.removesuffix(".new") for o in step.graph.output[1:]]
+    rep = optkit.onnx.prepare(step)
+    assert rep.updated_inputs == tuple(names) and names[:2] == ["w", "b"]
+    data = {"x": rng.normal(size=(8, 4)).astype(np.float32), "labels": rng.integers(0, 3, size=8).astype(np.int64),
+            "R": np.float32(0.1), "T": np.int64(0)}
+    state = dict(zip(names, rep.run(data, as_numpy=False)[1:]))
+    plain = rep.run({**data, **{k: np.asarray(v) for k, v in state.items()}})
+    with jax.enable_x64(True):  # the int64 labels and T stay int64
+        data = {k: jnp.asarray(v) for k, v in data.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Some donated buffers were not usable" would fail here
+        donated = rep.run({**data, **state}, donate=True)
+    assert all(v.is_deleted() for v in state.values()) and not any(v.is_deleted() for v in data.values())
+    for got, want in zip(donated, plain):
+        np.testing.assert_array_equal(got, want)
+    state = {k: jnp.asarray(v) for k, v in zip(names, plain[1:])}
+    rep.run({**data, **state}, donate=["w"])
+    assert [k for k, v in state.items() if v.is_deleted()] == ["w"]
+    state = {k: jnp.asarray(v) for k, v in zip(names, plain[1:])}
+    optkit.onnx.prepare(step, jit=False).run({**data, **state}, donate=True)
+    assert not any(v.is_deleted() for v in state.values())
+    with pytest.raises(ValueError, match="donate must be True, False or a list of graph input names"):
+        rep.run({**data, **state}, donate=["not_an_input"])
 
 
 # ---------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Load-time analyses of a converted ONNX graph, each one walk back over its nodes (``walk_back``):
-what its Gradient nodes ask for (bounded), and which graph inputs must be known before running.
+what its Gradient nodes ask for (bounded), and which graph inputs must be known before running; and which
+graph inputs its optimizer nodes update (those a training step may donate).
 
 All the walks over one model share one :class:`~optkit._src.graph.analysis.StepBudget`
 (:data:`~optkit.onnx._limits.MAX_ANALYSIS_STEPS` steps), so loading a model from a
@@ -17,7 +18,10 @@ from optkit.onnx._limits import GRADIENT_DEPTH_CEILING, Limits
 from optkit.onnx._ops._registry import OpSpec
 from optkit.onnx._ops._values import TRAINING_DOMAIN, node_name, node_where, normalize_domain
 
-__all__ = ["check_gradient_work", "static_inputs"]
+__all__ = ["check_gradient_work", "static_inputs", "updated_inputs"]
+
+# optimizer -> its tensor kinds after R, T (SPEC 1, 3, 4); the one named G is read, the others are updated.
+_OPTIMIZER_KINDS = {"Adagrad": ("X", "G", "H"), "Adam": ("X", "G", "V", "H"), "Momentum": ("X", "G", "V")}
 
 
 def _producers(nodes: Sequence[onnx.NodeProto]) -> dict[str, int]:
@@ -116,3 +120,19 @@ def _read_inside(node: onnx.NodeProto) -> list[str]:
             names += [i for i in inner.input if i]
             graphs += [a.g for a in inner.attribute if a.HasField("g")] + [x for a in inner.attribute for x in a.graphs]
     return names
+
+
+def updated_inputs(nodes: Sequence[onnx.NodeProto], inputs: Sequence[str]) -> tuple[str, ...]:
+    """The graph ``inputs`` that a top-level ``Adagrad``, ``Adam`` or ``Momentum`` node (training domain) takes
+    as a tensor it updates, ``X`` or its state (not ``R``, ``T`` or ``G``), in ``inputs`` order: the buffers a
+    training step may donate, since the node's outputs replace them. Nodes already passed the checks of
+    their registration (input count ``2 + k*n``)."""
+    updated: set[str] = set()
+    for node in nodes:
+        kinds = _OPTIMIZER_KINDS.get(node.op_type) if normalize_domain(node.domain) == TRAINING_DOMAIN else None
+        if kinds is None:
+            continue
+        n = (len(node.input) - 2) // len(kinds)
+        updated.update(name for k, kind in enumerate(kinds) if kind != "G"
+                       for name in node.input[2 + k * n:2 + (k + 1) * n])
+    return tuple(name for name in inputs if name in updated)

@@ -19,27 +19,27 @@ import onnx
 import onnx.backend.base
 import onnx.defs
 import onnx.shape_inference
-from onnx import helper
 
 from optkit import Graph
 from optkit._src.graph.names import check_feed
+from optkit.onnx._analysis import updated_inputs
 from optkit.onnx._convert import Converted
 from optkit.onnx._errors import ValueDependentError
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits, jax_device
 from optkit.onnx._load import load
-from optkit.onnx._ops._values import TRAINING_DOMAIN, normalize_domain
-from optkit.onnx._protos import InputInfo
+from optkit.onnx._protos import InputInfo, node_model
 
 __all__ = ["Backend", "BackendRep", "prepare", "run_model", "run_node"]
 
 
 def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], static: dict[str, np.ndarray],
-                   dynamic: tuple[str, ...], *, jit: bool = True):
+                   dynamic: tuple[str, ...], *, jit: bool = True, donate: tuple[int, ...] = ()):
     """``f(*values)`` -> the ``outputs`` of ``graph`` fed ``dynamic`` names positionally and ``static`` values as
-    constants (the feeds checked by the caller); made once per ``dynamic`` names and ``static`` values, kept in
-    ``cache``. Shared by :class:`BackendRep` and :class:`~optkit.onnx.OnnxFunction`."""
-    key = (dynamic, tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
+    constants (the feeds checked by the caller), jitted with the ``donate`` positions donated; made once per
+    ``dynamic`` names, ``donate`` and ``static`` values, kept in ``cache``. Shared by :class:`BackendRep` and
+    :class:`~optkit.onnx.OnnxFunction`."""
+    key = (dynamic, donate, tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
     fn = cache.get(key)
     if fn is None:
         outputs = list(outputs)
@@ -50,7 +50,7 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
             result = graph.evaluate(feeds, outputs, check_feeds=False)
             return tuple(result[name] for name in outputs)
 
-        fn = cache[key] = jax.jit(run) if jit else run
+        fn = cache[key] = jax.jit(run, donate_argnums=donate) if jit else run
     return fn
 
 
@@ -87,6 +87,9 @@ class BackendRep(onnx.backend.base.BackendRep):
       inputs: the graph inputs (:class:`InputInfo`: name, dtype, shape), in
         ``graph.input`` order.
       outputs: the output names, in ``graph.output`` order.
+      updated_inputs: the graph inputs that an ``Adam``, ``Adagrad`` or
+        ``Momentum`` node updates (its ``X`` and state tensors), in
+        ``graph.input`` order: what ``run(..., donate=True)`` donates.
       device: the ``jax.Device``; limits: the bounds.
 
     Example:
@@ -111,6 +114,7 @@ class BackendRep(onnx.backend.base.BackendRep):
         self._static = loaded.static_inputs
         self._by_name = {info.name: info for info in self.inputs}
         self._required = [info.name for info in self.inputs if not info.has_default]
+        self.updated_inputs: tuple[str, ...] = updated_inputs(self.model.graph.node, list(self._by_name))
         # Per input: the axes whose size is fixed (checked on every run) and the symbolic ones.
         self._fixed = {info.name: tuple((a, d) for a, d in enumerate(info.shape or ()) if isinstance(d, int))
                        for info in self.inputs}
@@ -192,10 +196,18 @@ class BackendRep(onnx.backend.base.BackendRep):
 
     # -------------------------------------------------------------- running
 
-    def _function(self, static: dict[str, np.ndarray], dynamic: tuple[str, ...]):
-        return graph_function(self._functions, self.graph, self.outputs, static, dynamic, jit=self._jit)
+    def _donated(self, donate: bool | Sequence[str], dynamic: tuple[str, ...]) -> tuple[int, ...]:
+        if donate is True or donate is False:
+            names = self.updated_inputs if donate else ()
+        elif isinstance(donate, str) or not all(name in self._by_name for name in donate):
+            raise ValueError(f"donate must be True, False or a list of graph input names "
+                             f"{[info.name for info in self.inputs]}, got {donate!r}")
+        else:
+            names = tuple(donate)
+        return tuple(i for i, name in enumerate(dynamic) if name in names) if self._jit else ()
 
-    def run(self, inputs: Any, *, as_numpy: bool = True, **kwargs: Any) -> tuple[Any, ...]:
+    def run(self, inputs: Any, *, as_numpy: bool = True, donate: bool | Sequence[str] = False,
+            **kwargs: Any) -> tuple[Any, ...]:
         """Run the model on ``inputs``; the outputs in ``graph.output`` order.
 
         Args:
@@ -205,13 +217,22 @@ class BackendRep(onnx.backend.base.BackendRep):
             declared dtype (Python numbers and lists are converted to it).
           as_numpy: return NumPy arrays (default), or JAX arrays that stay on
             the device (to feed back into the next step without a copy).
+          donate: give XLA the buffers of these fed JAX arrays to write the
+            outputs into (``jax.jit``'s ``donate_argnums``): ``True`` for
+            :attr:`updated_inputs` (a training step's parameters and optimizer
+            state, which its outputs replace), or a list of input names.
+            A donated array is deleted by the run; NumPy feeds are copied to
+            the device first, so theirs are unaffected. Ignored with
+            ``prepare(..., jit=False)``. Default ``False``: nothing fed is
+            touched.
 
         Returns:
           A named tuple of the outputs (index it, or by output name).
 
         Raises:
           TypeError: a value of the wrong dtype, or not an array.
-          ValueError: a wrong shape, an unknown or missing input.
+          ValueError: a wrong shape, an unknown or missing input, a ``donate``
+            name that is not a graph input.
           TypeError, ValueError: an error raised while the graph is traced
             (e.g. incompatible shapes inside the graph), before anything runs.
           TensorTooLargeError: a node output above ``max_tensor_bytes``,
@@ -225,9 +246,11 @@ class BackendRep(onnx.backend.base.BackendRep):
         static = {name: np.asarray(value) for name, value in feeds.items() if name in self._static}
         dynamic = tuple(name for name in feeds if name not in self._static)
         values = [feeds[name] for name in dynamic]
+        donated = self._donated(donate, dynamic)
         placement = contextlib.nullcontext() if self._default_device else jax.default_device(self.device)
         with jax.enable_x64(True), placement:
-            fn = self._function(static, dynamic)
+            fn = graph_function(self._functions, self.graph, self.outputs, static, dynamic, jit=self._jit,
+                                donate=donated)
             if not self._jit:
                 # Op by op, NumPy values would be folded as constants: make them JAX arrays.
                 values = [jnp.asarray(v) for v in values]
@@ -287,34 +310,8 @@ class Backend(onnx.backend.base.Backend):
         ``ai.onnx.preview.training`` for a training operator.
         """
         opset_version = kwargs.pop("opset_version", onnx.defs.onnx_opset_version())
-        names = [name for name in node.input if name]
-        if isinstance(inputs, Mapping):
-            values = [inputs[name] for name in names]
-        else:
-            values = list(inputs)
-            if len(values) != len(names):
-                raise ValueError(f"node {node.op_type} has {len(names)} inputs {names}, got {len(values)} values")
-        graph_inputs = [
-            helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype),
-                                          np.shape(v))
-            for name, v in zip(names, values)
-        ]
-        graph_outputs = []
-        for i, name in enumerate(o for o in node.output if o):
-            if outputs_info is not None and i < len(outputs_info):
-                dtype, shape = outputs_info[i]
-                graph_outputs.append(helper.make_tensor_value_info(
-                    name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape))
-            else:
-                graph_outputs.append(helper.make_value_info(name, onnx.TypeProto()))
-        imports = [helper.make_opsetid("", opset_version)]
-        if normalize_domain(node.domain) == TRAINING_DOMAIN:
-            imports.append(helper.make_opsetid(TRAINING_DOMAIN, 1))
-        model = helper.make_model(
-            helper.make_graph([node], f"run_node_{node.op_type}", graph_inputs, graph_outputs),
-            opset_imports=imports,
-        )
-        return cls.prepare(_typed_outputs(model), device, **kwargs).run(values)
+        model, values = node_model(node, inputs, outputs_info, opset_version)
+        return cls.prepare(model, device, **kwargs).run(values)
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
@@ -324,19 +321,6 @@ class Backend(onnx.backend.base.Backend):
         except (TypeError, ValueError):
             return False
         return True
-
-
-def _typed_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Give untyped graph outputs the types ONNX shape inference finds (the checker needs
-    one), else an undefined element type: outputs' declared types are not enforced."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
-        inferred = model
-    for output in inferred.graph.output:
-        if not output.type.HasField("tensor_type"):
-            output.CopyFrom(helper.make_tensor_value_info(output.name, onnx.TensorProto.UNDEFINED, []))
-    return inferred
 
 
 def prepare(

@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import onnx
 import onnx.defs
+import onnx.shape_inference
 from onnx import helper
 
 from optkit._src.graph.names import shape_text
 from optkit.onnx._errors import UnsupportedOpError
 from optkit.onnx._limits import check_size
-from optkit.onnx._ops._values import DTYPES, onnx_dtype, tensor_value
+from optkit.onnx._ops._values import DTYPES, TRAINING_DOMAIN, normalize_domain, onnx_dtype, tensor_value
 
-__all__ = ["InputInfo", "Declared", "decode_graph", "parse_attributes"]
+__all__ = ["InputInfo", "Declared", "decode_graph", "node_model", "parse_attributes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,3 +241,51 @@ def parse_attributes(
             if spec.default_value.type != onnx.AttributeProto.UNDEFINED:
                 attrs[name] = _attribute_value(spec.default_value, where)
     return attrs
+
+
+def node_model(node: onnx.NodeProto, inputs: Any, outputs_info: Any,
+               opset_version: int) -> tuple[onnx.ModelProto, list]:
+    """``Backend.run_node``'s model: ``node`` alone, its graph inputs typed by the fed values (one per non-empty
+    node input, or a dict by name), its outputs by ``outputs_info`` or shape inference; importing
+    ``opset_version`` and, for a training operator, ``ai.onnx.preview.training`` 1. Returns it and the values."""
+    names = [name for name in node.input if name]
+    if isinstance(inputs, Mapping):
+        values = [inputs[name] for name in names]
+    else:
+        values = list(inputs)
+        if len(values) != len(names):
+            raise ValueError(f"node {node.op_type} has {len(names)} inputs {names}, got {len(values)} values")
+    graph_inputs = [
+        helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype),
+                                      np.shape(v))
+        for name, v in zip(names, values)
+    ]
+    graph_outputs = []
+    for i, name in enumerate(o for o in node.output if o):
+        if outputs_info is not None and i < len(outputs_info):
+            dtype, shape = outputs_info[i]
+            graph_outputs.append(helper.make_tensor_value_info(
+                name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape))
+        else:
+            graph_outputs.append(helper.make_value_info(name, onnx.TypeProto()))
+    imports = [helper.make_opsetid("", opset_version)]
+    if normalize_domain(node.domain) == TRAINING_DOMAIN:
+        imports.append(helper.make_opsetid(TRAINING_DOMAIN, 1))
+    model = helper.make_model(
+        helper.make_graph([node], f"run_node_{node.op_type}", graph_inputs, graph_outputs),
+        opset_imports=imports,
+    )
+    return _typed_outputs(model), values
+
+
+def _typed_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Give untyped graph outputs the types ONNX shape inference finds (the checker needs
+    one), else an undefined element type: outputs' declared types are not enforced."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
+        inferred = model
+    for output in inferred.graph.output:
+        if not output.type.HasField("tensor_type"):
+            output.CopyFrom(helper.make_tensor_value_info(output.name, onnx.TensorProto.UNDEFINED, []))
+    return inferred
