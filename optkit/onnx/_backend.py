@@ -219,7 +219,7 @@ class BackendRep(onnx.backend.base.BackendRep):
             the device (to feed back into the next step without a copy).
           donate: give XLA the buffers of these fed JAX arrays to write the
             outputs into (``jax.jit``'s ``donate_argnums``): ``True`` for
-            :attr:`updated_inputs` (a training step's parameters and optimizer
+            ``updated_inputs`` (a training step's parameters and optimizer
             state, which its outputs replace), or a list of input names.
             A donated array is deleted by the run; NumPy feeds are copied to
             the device first, so theirs are unaffected. Ignored with
