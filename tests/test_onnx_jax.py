@@ -80,14 +80,17 @@ def test_every_exported_model_matches_onnx_runtime_differentiates_and_trains(nam
         assert first not in params
         for optimizer, make in OPTIMIZERS.items():
             tx = make()
-            update = jax.jit(lambda g, s, p, tx=tx: tx.update(g, s, p))
-            p, state, losses = params, tx.init(params), []
+            update = jax.jit(lambda g, s, p, tx=tx: _applied(p, *tx.update(g, s, p)))
+            p, state, losses = params, jax.jit(tx.init)(params), []
             for _ in range(4):
                 (value, _), grads = value_and_grad(p, data["input"])
-                updates, state = update(grads[0] if argnums == (0, 1) else grads, state, p)
-                p = optax.apply_updates(p, updates)
+                p, state = update(grads[0] if argnums == (0, 1) else grads, state, p)
                 losses.append(float(value))
             assert all(np.isfinite(losses)) and losses[-1] < losses[0], (optimizer, losses)
+
+
+def _applied(params, updates, state):
+    return optax.apply_updates(params, updates), state
 
 
 def _mse_step(apply_fn, tx):
