@@ -620,3 +620,34 @@ def test_a_large_depthwise_convolution_equals_xla_grouped_convolution_with_its_g
         want = jax.grad(lambda x, w: jnp.sum(xla(x, w) * cot), argnums=(0, 1))(x, w)
     for g, h in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.xla_structure
+def test_convolutions_compile_to_xlas_own_kernel_on_cpu_unless_a_grouped_one_is_differentiated():
+    """On CPU a model's graph is compiled with YNNPACK's convolutions off (XLA's own are faster here,
+    benchmarks/RESULTS.md), except where a grouped convolution may be differentiated (a training graph, or
+    to_jax's function), where YNNPACK's are 4x faster; the values are the same either way."""
+    from optkit.onnx._backend import _option_accepted
+
+    if jax.default_backend() != "cpu" or not _option_accepted():
+        pytest.skip("XLA:CPU's YNNPACK option is not in this jaxlib")
+    eigen = {"xla_cpu_experimental_ynn_fusion_type": ""}
+    x = RNG.normal(size=(2, 32, 32, 32)).astype(np.float32)  # large enough for YNNPACK by default
+    w = RNG.normal(size=(32, 32, 3, 3)).astype(np.float32)
+    plain = _node_model("Conv", {"x": x, "w": w}, {"pads": [1] * 4})
+    grouped = _node_model("Conv", {"x": x}, {"group": 32, "pads": [1] * 4},
+                          initializers=[("w", RNG.normal(size=(32, 1, 3, 3)).astype(np.float32))])
+    training = optkit.onnx.make_training_model(grouped, loss="mean_squared_error")
+    assert optkit.onnx.prepare(plain)._options == eigen and optkit.onnx.to_jax(plain)[0]._options == eigen
+    assert optkit.onnx.prepare(grouped)._options == eigen  # inference only
+    assert optkit.onnx.prepare(training)._options is None and optkit.onnx.to_jax(grouped)[0]._options is None
+
+    rep = optkit.onnx.prepare(plain)
+    got = rep.run([x, w])[0]
+    (compiled,) = rep._functions.values()
+    with jax.enable_x64(True):
+        text = compiled.lower(x, w).compile().as_text()
+    assert "__ynn_fusion" not in text and " convolution(" in text
+    default = jax.jit(lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), [(1, 1), (1, 1)]))
+    assert "__ynn_fusion" in default.lower(x, w).compile().as_text()  # what the option changes
+    np.testing.assert_allclose(got, np.asarray(default(x, w)), rtol=1e-4, atol=1e-4)

@@ -18,7 +18,7 @@ from optkit.onnx._limits import GRADIENT_DEPTH_CEILING, Limits
 from optkit.onnx._ops._registry import OpSpec
 from optkit.onnx._ops._values import TRAINING_DOMAIN, node_name, node_where, normalize_domain
 
-__all__ = ["check_gradient_work", "static_inputs", "updated_inputs"]
+__all__ = ["check_gradient_work", "grouped_convolution", "static_inputs", "updated_inputs"]
 
 # optimizer -> its tensor kinds after R, T (SPEC 1, 3, 4); the one named G is read, the others are updated.
 _OPTIMIZER_KINDS = {"Adagrad": ("X", "G", "H"), "Adam": ("X", "G", "V", "H"), "Momentum": ("X", "G", "V")}
@@ -136,3 +136,17 @@ def updated_inputs(nodes: Sequence[onnx.NodeProto], inputs: Sequence[str]) -> tu
         updated.update(name for k, kind in enumerate(kinds) if kind != "G"
                        for name in node.input[2 + k * n:2 + (k + 1) * n])
     return tuple(name for name in inputs if name in updated)
+
+
+def grouped_convolution(model: onnx.ModelProto) -> tuple[bool, bool]:
+    """``(grouped, gradient)``: whether ``model`` has a ``Conv`` or ``ConvTranspose`` with ``group`` > 1, and a
+    ``Gradient`` node, anywhere (its graph, sub-graphs and local functions)."""
+    graphs = [model.graph, *model.functions]
+    grouped = gradient = False
+    while graphs:
+        for node in graphs.pop().node:
+            gradient = gradient or (node.op_type == "Gradient" and normalize_domain(node.domain) == TRAINING_DOMAIN)
+            if node.op_type in ("Conv", "ConvTranspose"):
+                grouped = grouped or any(a.name == "group" and a.i > 1 for a in node.attribute)
+            graphs += [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
+    return grouped, gradient

@@ -8,6 +8,7 @@ step after step from Python.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,7 +23,7 @@ import onnx.shape_inference
 
 from optkit import Graph
 from optkit._src.graph.names import check_feed
-from optkit.onnx._analysis import updated_inputs
+from optkit.onnx._analysis import grouped_convolution, updated_inputs
 from optkit.onnx._convert import Converted
 from optkit.onnx._errors import ValueDependentError
 from optkit.onnx._files import ModelSource
@@ -33,10 +34,38 @@ from optkit.onnx._protos import InputInfo, node_model
 __all__ = ["Backend", "BackendRep", "prepare", "run_model", "run_node"]
 
 
+# XLA:CPU (jaxlib 0.10) hands convolutions to YNNPACK; with this option they stay XLA's own (Eigen's). Measured
+# on 2 cores, batch 8 (benchmarks/RESULTS.md): inference 24-25% faster for resnet18, mobilenet_v3_small and
+# efficientnet_b0, resnet18's training step 10% faster; but a training step that differentiates a grouped
+# (depthwise) convolution 4x slower (mobilenet_v3_small: 0.21 s -> 0.84 s). So: not for those.
+_EIGEN_CONVOLUTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+@functools.cache
+def _option_accepted() -> bool:
+    """Whether this jaxlib's XLA knows the option (an unknown compile option fails the compile)."""
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=_EIGEN_CONVOLUTIONS).lower(np.float32(0)).compile()
+    except jax.errors.JaxRuntimeError:
+        return False
+    return True
+
+
+def compiler_options(model: onnx.ModelProto | None, device: Any, *, differentiated: bool) -> dict[str, Any] | None:
+    """XLA options for ``model``'s graph compiled for ``device``: Eigen's convolutions on CPU unless the program
+    may differentiate a grouped convolution (``differentiated``: it may be, whatever its nodes); else None."""
+    if model is None or getattr(device, "platform", None) != "cpu" or not _option_accepted():
+        return None
+    grouped, gradient = grouped_convolution(model)
+    return None if grouped and (gradient or differentiated) else dict(_EIGEN_CONVOLUTIONS)
+
+
 def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], static: dict[str, np.ndarray],
-                   dynamic: tuple[str, ...], *, jit: bool = True, donate: tuple[int, ...] = ()):
+                   dynamic: tuple[str, ...], *, jit: bool = True, donate: tuple[int, ...] = (),
+                   options: dict[str, Any] | None = None):
     """``f(*values)`` -> the ``outputs`` of ``graph`` fed ``dynamic`` names positionally and ``static`` values as
-    constants (the feeds checked by the caller), jitted with the ``donate`` positions donated; made once per
+    constants (the feeds checked by the caller), jitted with the ``donate`` positions donated and the XLA
+    ``options`` (:func:`compiler_options`); made once per
     ``dynamic`` names, ``donate`` and ``static`` values, kept in ``cache``. Shared by :class:`BackendRep` and
     :class:`~optkit.onnx.OnnxFunction`."""
     key = (dynamic, donate, tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
@@ -50,7 +79,7 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
             result = graph.evaluate(feeds, outputs, check_feeds=False)
             return tuple(result[name] for name in outputs)
 
-        fn = cache[key] = jax.jit(run, donate_argnums=donate) if jit else run
+        fn = cache[key] = jax.jit(run, donate_argnums=donate, compiler_options=options) if jit else run
     return fn
 
 
@@ -115,6 +144,7 @@ class BackendRep(onnx.backend.base.BackendRep):
         self._by_name = {info.name: info for info in self.inputs}
         self._required = [info.name for info in self.inputs if not info.has_default]
         self.updated_inputs: tuple[str, ...] = updated_inputs(self.model.graph.node, list(self._by_name))
+        self._options = compiler_options(self.model, device, differentiated=False)
         # Per input: the axes whose size is fixed (checked on every run) and the symbolic ones.
         self._fixed = {info.name: tuple((a, d) for a, d in enumerate(info.shape or ()) if isinstance(d, int))
                        for info in self.inputs}
@@ -250,7 +280,7 @@ class BackendRep(onnx.backend.base.BackendRep):
         placement = contextlib.nullcontext() if self._default_device else jax.default_device(self.device)
         with jax.enable_x64(True), placement:
             fn = graph_function(self._functions, self.graph, self.outputs, static, dynamic, jit=self._jit,
-                                donate=donated)
+                                donate=donated, options=self._options)
             if not self._jit:
                 # Op by op, NumPy values would be folded as constants: make them JAX arrays.
                 values = [jnp.asarray(v) for v in values]
