@@ -51,13 +51,14 @@ def _option_accepted() -> bool:
     return True
 
 
-def compiler_options(model: onnx.ModelProto | None, device: Any, *, differentiated: bool) -> dict[str, Any] | None:
-    """XLA options for ``model``'s graph compiled for ``device``: Eigen's convolutions on CPU unless the program
-    may differentiate a grouped convolution (``differentiated``: it may be, whatever its nodes); else None."""
+def compiler_options(model: onnx.ModelProto | None, device: Any) -> dict[str, Any] | None:
+    """XLA options for ``model``'s graph compiled for ``device`` by :class:`BackendRep`: XLA's own convolutions on
+    CPU unless a Gradient node may differentiate a grouped convolution; else None. (``to_jax``'s function runs
+    inside the caller's ``jax.jit``, which alone takes options.)"""
     if model is None or getattr(device, "platform", None) != "cpu" or not _option_accepted():
         return None
     grouped, gradient = grouped_convolution(model)
-    return None if grouped and (gradient or differentiated) else dict(_EIGEN_CONVOLUTIONS)
+    return None if grouped and gradient else dict(_EIGEN_CONVOLUTIONS)
 
 
 def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], static: dict[str, np.ndarray],
@@ -68,7 +69,8 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
     ``options`` (:func:`compiler_options`); made once per
     ``dynamic`` names, ``donate`` and ``static`` values, kept in ``cache``. Shared by :class:`BackendRep` and
     :class:`~optkit.onnx.OnnxFunction`."""
-    key = (dynamic, donate, tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
+    key = (dynamic, donate, tuple(sorted((options or {}).items())),
+           tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
     fn = cache.get(key)
     if fn is None:
         outputs = list(outputs)
@@ -144,7 +146,7 @@ class BackendRep(onnx.backend.base.BackendRep):
         self._by_name = {info.name: info for info in self.inputs}
         self._required = [info.name for info in self.inputs if not info.has_default]
         self.updated_inputs: tuple[str, ...] = updated_inputs(self.model.graph.node, list(self._by_name))
-        self._options = compiler_options(self.model, device, differentiated=False)
+        self._options = compiler_options(self.model, device)
         # Per input: the axes whose size is fixed (checked on every run) and the symbolic ones.
         self._fixed = {info.name: tuple((a, d) for a, d in enumerate(info.shape or ()) if isinstance(d, int))
                        for info in self.inputs}
@@ -277,10 +279,11 @@ class BackendRep(onnx.backend.base.BackendRep):
         dynamic = tuple(name for name in feeds if name not in self._static)
         values = [feeds[name] for name in dynamic]
         donated = self._donated(donate, dynamic)
+        traced = any(isinstance(v, jax.core.Tracer) for v in values)  # inside jax.jit: JAX takes no options here
         placement = contextlib.nullcontext() if self._default_device else jax.default_device(self.device)
         with jax.enable_x64(True), placement:
             fn = graph_function(self._functions, self.graph, self.outputs, static, dynamic, jit=self._jit,
-                                donate=donated, options=self._options)
+                                donate=donated, options=None if traced else self._options)
             if not self._jit:
                 # Op by op, NumPy values would be folded as constants: make them JAX arrays.
                 values = [jnp.asarray(v) for v in values]

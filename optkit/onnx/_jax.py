@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 
 from optkit._src.graph.names import check_feed
-from optkit.onnx._backend import compiler_options, graph_function
+from optkit.onnx._backend import graph_function
 from optkit.onnx._convert import Converted
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits
@@ -93,8 +93,6 @@ class OnnxFunction:
         self._static = loaded.static_inputs
         self._by_name = {info.name: info for info in self.inputs}
         self._functions: dict[Any, Any] = {}
-        # Called outside jax.jit it compiles itself, for the default device; jax.grad may differentiate it.
-        self._options = compiler_options(self.model, jax.devices()[0], differentiated=True)
 
     def __call__(self, params: Mapping[str, Any], *inputs: Any) -> Any:
         feeds = self._named(inputs)
@@ -104,8 +102,7 @@ class OnnxFunction:
             static = {name: np.asarray(value) for name, value in feeds.items()
                       if name in self._static and not isinstance(value, jax.core.Tracer)}
             dynamic = tuple(name for name in feeds if name not in static)
-            run = graph_function(self._functions, self._graph, self.outputs, static, (*params, *dynamic),
-                                 options=self._options)
+            run = graph_function(self._functions, self._graph, self.outputs, static, (*params, *dynamic))
             result = run(*params.values(), *(feeds[name] for name in dynamic))
         return result[0] if self._single else result
 
