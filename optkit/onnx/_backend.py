@@ -34,9 +34,9 @@ from optkit.onnx._protos import InputInfo, node_model
 __all__ = ["Backend", "BackendRep", "prepare", "run_model", "run_node"]
 
 
-# XLA:CPU (jaxlib 0.10) hands convolutions to YNNPACK; with this option they stay XLA's own (Eigen's). Measured
-# on 2 cores, batch 8 (benchmarks/RESULTS.md): inference 24-25% faster for resnet18, mobilenet_v3_small and
-# efficientnet_b0, resnet18's training step 10% faster; but a training step that differentiates a grouped
+# XLA:CPU (jaxlib 0.10) hands large convolutions to YNNPACK; with this option they stay XLA's own (Eigen's).
+# Measured on 2 cores, batch 8 (benchmarks/RESULTS.md): inference 15-25% faster for resnet18, mobilenet_v3_small
+# and efficientnet_b0, resnet18's training step 10% faster; but a training step that differentiates a grouped
 # (depthwise) convolution 4x slower (mobilenet_v3_small: 0.21 s -> 0.84 s). So: not for those.
 _EIGEN_CONVOLUTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
@@ -66,9 +66,8 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
                    options: dict[str, Any] | None = None):
     """``f(*values)`` -> the ``outputs`` of ``graph`` fed ``dynamic`` names positionally and ``static`` values as
     constants (the feeds checked by the caller), jitted with the ``donate`` positions donated and the XLA
-    ``options`` (:func:`compiler_options`); made once per
-    ``dynamic`` names, ``donate`` and ``static`` values, kept in ``cache``. Shared by :class:`BackendRep` and
-    :class:`~optkit.onnx.OnnxFunction`."""
+    ``options`` (:func:`compiler_options`); made once per ``dynamic`` names, ``donate``, ``options`` and
+    ``static`` values, kept in ``cache``. Shared by :class:`BackendRep` and :class:`~optkit.onnx.OnnxFunction`."""
     key = (dynamic, donate, tuple(sorted((options or {}).items())),
            tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
     fn = cache.get(key)
