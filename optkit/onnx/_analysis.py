@@ -17,11 +17,9 @@ from optkit._src.graph.analysis import StepBudget, walk_back
 from optkit.onnx._limits import GRADIENT_DEPTH_CEILING, Limits
 from optkit.onnx._ops._registry import OpSpec
 from optkit.onnx._ops._values import TRAINING_DOMAIN, node_name, node_where, normalize_domain
+from optkit.onnx._ops.training import OPTIMIZER_KINDS
 
 __all__ = ["check_gradient_work", "grouped_convolution", "static_inputs", "updated_inputs"]
-
-# optimizer -> its tensor kinds after R, T (SPEC 1, 3, 4); the one named G is read, the others are updated.
-_OPTIMIZER_KINDS = {"Adagrad": ("X", "G", "H"), "Adam": ("X", "G", "V", "H"), "Momentum": ("X", "G", "V")}
 
 
 def _producers(nodes: Sequence[onnx.NodeProto]) -> dict[str, int]:
@@ -109,16 +107,21 @@ def static_inputs(nodes: Sequence[onnx.NodeProto], specs: Mapping[int, OpSpec], 
     return frozenset(leaves) & inputs
 
 
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs a node's attributes hold (an If's branches, a Loop's or Scan's body)."""
+    return [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
+
+
 def _read_inside(node: onnx.NodeProto) -> list[str]:
     """The names a node's sub-graphs (If branches, Loop and Scan bodies, nested) read: an If's output is
     static when what its branch reads is."""
-    graphs = [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
+    graphs = _subgraphs(node)
     names: list[str] = []
     while graphs:
         g = graphs.pop()
         for inner in g.node:
             names += [i for i in inner.input if i]
-            graphs += [a.g for a in inner.attribute if a.HasField("g")] + [x for a in inner.attribute for x in a.graphs]
+            graphs += _subgraphs(inner)
     return names
 
 
@@ -129,7 +132,7 @@ def updated_inputs(nodes: Sequence[onnx.NodeProto], inputs: Sequence[str]) -> tu
     their registration (input count ``2 + k*n``)."""
     updated: set[str] = set()
     for node in nodes:
-        kinds = _OPTIMIZER_KINDS.get(node.op_type) if normalize_domain(node.domain) == TRAINING_DOMAIN else None
+        kinds = OPTIMIZER_KINDS.get(node.op_type) if normalize_domain(node.domain) == TRAINING_DOMAIN else None
         if kinds is None:
             continue
         n = (len(node.input) - 2) // len(kinds)
@@ -148,5 +151,5 @@ def grouped_convolution(model: onnx.ModelProto) -> tuple[bool, bool]:
             gradient = gradient or (node.op_type == "Gradient" and normalize_domain(node.domain) == TRAINING_DOMAIN)
             if node.op_type in ("Conv", "ConvTranspose"):
                 grouped = grouped or any(a.name == "group" and a.i > 1 for a in node.attribute)
-            graphs += [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
+            graphs += _subgraphs(node)
     return grouped, gradient

@@ -23,6 +23,9 @@ from optkit._src.gradient import check_gradient_names
 from optkit.onnx._ops._registry import Family, GradientRequest, NodeContext
 from optkit.onnx._ops._values import TRAINING_DOMAIN
 
+# optimizer -> its tensor kinds after R, T (SPEC 1, 3, 4): G is read, the others are updated (X_new, ...).
+OPTIMIZER_KINDS = {"Adagrad": ("X", "G", "H"), "Adam": ("X", "G", "V", "H"), "Momentum": ("X", "G", "V")}
+
 OPS = Family("training", domain=TRAINING_DOMAIN)
 
 
@@ -108,7 +111,7 @@ def _outputs(run: Callable[..., Any], fields: Sequence[str]) -> Callable[..., tu
 @OPS.op("Adagrad", 1)
 def _adagrad(ctx: NodeContext):
     """SPEC 1: inputs R, T, X_1..X_n, G_1..G_n, H_1..H_n; outputs X_new..., H_new..."""
-    n = _count_tensors(ctx, ("X", "G", "H"), ("X_new", "H_new"))
+    n = _count_tensors(ctx, OPTIMIZER_KINDS["Adagrad"], ("X_new", "H_new"))
     run = _operator(ctx, optkit.ops.onnx_adagrad, 3, n,
                     _attributes(ctx, ("decay_factor", "epsilon", "norm_coefficient")))
     return _outputs(run, ("X_new", "H_new"))
@@ -117,7 +120,7 @@ def _adagrad(ctx: NodeContext):
 @OPS.op("Adam", 1)
 def _adam(ctx: NodeContext):
     """SPEC 3: inputs R, T, X..., G..., V... (first moments), H... (second); outputs X_new, V_new, H_new."""
-    n = _count_tensors(ctx, ("X", "G", "V", "H"), ("X_new", "V_new", "H_new"))
+    n = _count_tensors(ctx, OPTIMIZER_KINDS["Adam"], ("X_new", "V_new", "H_new"))
     run = _operator(ctx, optkit.ops.onnx_adam, 4, n, _attributes(
         ctx, ("alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post")))
     return _outputs(run, ("X_new", "V_new", "H_new"))
@@ -126,7 +129,7 @@ def _adam(ctx: NodeContext):
 @OPS.op("Momentum", 1)
 def _momentum(ctx: NodeContext):
     """SPEC 4: inputs R, T, X..., G..., V...; outputs X_new..., V_new...; all attributes required."""
-    n = _count_tensors(ctx, ("X", "G", "V"), ("X_new", "V_new"))
+    n = _count_tensors(ctx, OPTIMIZER_KINDS["Momentum"], ("X_new", "V_new"))
     if ctx.attrs["mode"] not in ("standard", "nesterov"):  # ONNX's text form of the op's choice
         raise ctx.error(f"attribute mode must be 'standard' or 'nesterov', got {ctx.attrs['mode']!r}")
     run = _operator(ctx, optkit.ops.onnx_momentum, 3, n,
