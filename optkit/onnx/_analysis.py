@@ -19,7 +19,7 @@ from optkit.onnx._ops._registry import OpSpec
 from optkit.onnx._ops._values import TRAINING_DOMAIN, node_name, node_where, normalize_domain
 from optkit.onnx._ops.training import OPTIMIZER_KINDS
 
-__all__ = ["check_gradient_work", "grouped_convolution", "static_inputs", "updated_inputs"]
+__all__ = ["check_gradient_work", "grouped_convolution", "read_inside", "static_inputs", "subgraphs", "updated_inputs"]
 
 
 def _producers(nodes: Sequence[onnx.NodeProto]) -> dict[str, int]:
@@ -102,26 +102,26 @@ def static_inputs(nodes: Sequence[onnx.NodeProto], specs: Mapping[int, OpSpec], 
     producer = {name: index for name, index in _producers(nodes).items()
                 if not (specs[index].static_outputs or specs[index].op_type == "Gradient")}
     budget.where = "the graph's static inputs"
-    _, leaves = walk_back(slots, (), producer, lambda p: [i for i in nodes[p].input if i] + _read_inside(nodes[p]),
+    _, leaves = walk_back(slots, (), producer, lambda p: [i for i in nodes[p].input if i] + read_inside(nodes[p]),
                           budget)
     return frozenset(leaves) & inputs
 
 
-def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     """The graphs a node's attributes hold (an If's branches, a Loop's or Scan's body)."""
     return [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
 
 
-def _read_inside(node: onnx.NodeProto) -> list[str]:
+def read_inside(node: onnx.NodeProto) -> list[str]:
     """The names a node's sub-graphs (If branches, Loop and Scan bodies, nested) read: an If's output is
     static when what its branch reads is."""
-    graphs = _subgraphs(node)
+    graphs = subgraphs(node)
     names: list[str] = []
     while graphs:
         g = graphs.pop()
         for inner in g.node:
             names += [i for i in inner.input if i]
-            graphs += _subgraphs(inner)
+            graphs += subgraphs(inner)
     return names
 
 
@@ -151,5 +151,5 @@ def grouped_convolution(model: onnx.ModelProto) -> tuple[bool, bool]:
             gradient = gradient or (node.op_type == "Gradient" and normalize_domain(node.domain) == TRAINING_DOMAIN)
             if node.op_type in ("Conv", "ConvTranspose"):
                 grouped = grouped or any(a.name == "group" and a.i > 1 for a in node.attribute)
-            graphs += _subgraphs(node)
+            graphs += subgraphs(node)
     return grouped, gradient

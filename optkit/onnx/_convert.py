@@ -26,7 +26,8 @@ import onnx
 
 from optkit import Graph
 from optkit._src.graph.analysis import StepBudget
-from optkit.onnx._analysis import check_gradient_work, static_inputs
+from optkit.onnx import _layout
+from optkit.onnx._analysis import check_gradient_work, read_inside, static_inputs
 from optkit.onnx._limits import MAX_ANALYSIS_STEPS, MAX_SUBGRAPH_DEPTH, Limits, check_size
 from optkit.onnx._operators import Operators
 from optkit.onnx._ops._registry import GradientRequest, NodeContext, OpSpec
@@ -100,8 +101,11 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
         graph.add_initializer(name, value)
     specs: dict[int, OpSpec] = {}
     quantized = fake_quantization(g.node)
+    layout = None if scope.subgraph else _plan_layout(g, declared, scope)
+    moved: dict[str, str] = {}
     for index, node in enumerate(g.node):
-        specs[index], node_captures = _add_node(graph, node, index, inner, quantized.get(index))
+        specs[index], node_captures = _add_node(graph, node, index, inner, quantized.get(index),
+                                                layout if layout and index in layout.nodes else None, moved)
         captured += [c for c in dict.fromkeys(node_captures) if c not in defined and c not in captured]
     for name in captured:
         graph.add_input(name)
@@ -115,12 +119,25 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
                      static_initializers=static & set(declared.initializers))
 
 
+def _plan_layout(g: onnx.GraphProto, declared: Any, scope: Scope) -> _layout.Plan:
+    """The model graph's channels-last plan (:mod:`optkit.onnx._layout`)."""
+    ranks = {info.name: len(info.shape) for info in declared.inputs if info.shape is not None}
+    ranks.update((name, np.ndim(value)) for name, value in declared.initializers.items())
+    names = {info.name for info in declared.inputs} | set(declared.initializers)
+    names |= {name for node in g.node for name in [*node.input, *node.output, *read_inside(node)]}
+    versions = [scope.operators.row(node)[1] for node in g.node]
+    return _layout.plan(g.node, ranks, versions, names)
+
+
 def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope,
-              quantized_by: onnx.NodeProto | None = None) -> tuple[OpSpec, list[str]]:
+              quantized_by: onnx.NodeProto | None = None, layout: _layout.Plan | None = None,
+              moved: dict[str, str] | None = None) -> tuple[OpSpec, list[str]]:
     """Build ``node`` from its op-table row and add it to ``graph``; its row, and what its sub-graphs capture.
 
     A ``DequantizeLinear`` of a ``QuantizeLinear``'s output (``quantized_by``) reads the quantized node's input
     instead, as one fake quantization with the straight-through gradient (:mod:`optkit.onnx._ops.quantize`).
+    A node the channels-last ``layout`` plans is built in both layouts and reads and writes the held tensors
+    (``moved``: the channels-last copies made so far of tensors that are not held).
     """
     spec, version, schema = scope.operators.row(node)
     domain = normalize_domain(node.domain)
@@ -152,9 +169,15 @@ def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope,
         q_attrs = parse_attributes(quantized_by, scope.operators.row(quantized_by)[2], ctx.where)
         built = straight_through(ctx, q_attrs)
         inputs = [quantized_by.input[0], *inputs[1:]]
+    outputs = list(node.output)
+    if layout is not None:
+        built = layout.function(node, built, lambda: spec.builder(dataclasses.replace(ctx, channels_last=True)))
+        inputs, outputs = layout.inputs(graph, node, ctx.where, moved), layout.outputs(node)
     extra = list(dict.fromkeys(captures))  # (a captured name that is also a node input comes twice)
     fn = _node_function(built, ctx, spec, schema, len(inputs), extra, scope.limits.max_tensor_bytes)
-    graph.add(fn, inputs=inputs + extra, outputs=list(node.output), name=name)
+    graph.add(fn, inputs=inputs + extra, outputs=outputs, name=name)
+    if layout is not None:
+        layout.add_onnx_layout(graph, node, ctx.where)
     return spec, captures
 
 

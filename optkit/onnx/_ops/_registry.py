@@ -59,6 +59,9 @@ class NodeContext:
       subgraph: converts a sub-graph attribute with the same converter as the
         model's graph, the enclosing graphs' names visible and the same
         bounds (see :meth:`convert_subgraph`); None where no converter runs.
+      channels_last: build the node's channels-last form (:mod:`optkit.onnx._layout`): its activation
+        input and output hold (N, D1, ..., C) instead of ONNX's (N, C, D1, ...); only the operators
+        that layout lists are built so.
     """
 
     op_type: str
@@ -71,6 +74,7 @@ class NodeContext:
     attrs: Mapping[str, Any]
     max_tensor_bytes: int = 2**62
     subgraph: Callable[[onnx.GraphProto, str], Any] | None = dataclasses.field(default=None, repr=False)
+    channels_last: bool = False
 
     @property
     def where(self) -> str:

@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -145,15 +146,42 @@ class _Window:
         return np.sum((cells >= low) & (cells < high), axis=1)
 
 
-def _windowed(ctx: NodeContext, x, windows: Sequence[_Window], pad_value, compute, fill):
+def logical_shape(shape: Sequence[int], channels_last: bool) -> tuple[int, ...]:
+    """ONNX's (N, C, D1, ...) shape of a value held as ``shape``: (N, D1, ..., C) when ``channels_last``."""
+    shape = tuple(shape)
+    return (shape[0], shape[-1], *shape[1:-1]) if channels_last and len(shape) >= 2 else shape
+
+
+def per_channel(ndim: int, channels_last: bool) -> tuple[int, ...]:
+    """The shape that broadcasts a per-channel vector over a rank-``ndim`` value in that layout."""
+    return (1,) * (ndim - 1) + (-1,) if channels_last else (1, -1) + (1,) * (ndim - 2)
+
+
+def spatial(ndim: int, channels_last: bool, values: Sequence[Any], other: Any) -> tuple:
+    """A tuple over the axes of a rank-``ndim`` value: ``values`` on its spatial axes, ``other`` on N and C."""
+    first = 1 if channels_last else 2
+    out = [other] * ndim
+    out[first:first + len(values)] = values
+    return tuple(out)
+
+
+def with_spatial(shape: Sequence[int], channels_last: bool, sizes: Sequence[int]) -> tuple[int, ...]:
+    """``shape`` with its spatial sizes replaced by ``sizes`` (in that layout)."""
+    return tuple(old if new is None else new
+                 for old, new in zip(shape, spatial(len(shape), channels_last, sizes, None)))
+
+
+def _windowed(ctx: NodeContext, x, windows: Sequence[_Window], pad_value, compute, fill, channels_last=False):
     """``compute(core_x)`` on the part of ``x`` the windows reach, padded by at most a span on each side,
     placed in an output of ``fill`` (the value of a window that lies in the padding alone).
 
     ``compute`` gets the cropped input (padded with ``pad_value``, or None: left to it, as ``(begin, end)``
     per axis) and the ``(first, last)`` outputs of each axis, and returns the outputs of that block.
-    The intermediate is held to the model's tensor bound.
+    The intermediate is held to the model's tensor bound. ``x`` is (N, C, D1, ...), or (N, D1, ..., C) when
+    ``channels_last``; the output shape returned is in the same layout.
     """
-    out_shape = (*jnp.shape(x)[:2], *(w.out for w in windows))
+    ndim = jnp.ndim(x)
+    out_shape = with_spatial(jnp.shape(x), channels_last, [w.out for w in windows])
     if all(w.begin < w.span and w.end < w.span for w in windows):
         # Pads within a window's span (every real model): the whole input, as it is.
         whole = [(0, w.out - 1, (0, w.n), (w.begin, w.end)) for w in windows]
@@ -162,15 +190,16 @@ def _windowed(ctx: NodeContext, x, windows: Sequence[_Window], pad_value, comput
         cores = [w.core() for w in windows]
     if any(c is None for c in cores):
         return None, out_shape, cores
-    index = (slice(None), slice(None), *(slice(lo, hi) for _, _, (lo, hi), _ in cores))
-    core_x = x[index]
+    core_x = x[spatial(ndim, channels_last, [slice(lo, hi) for _, _, (lo, hi), _ in cores], slice(None))]
     pads = [p for _, _, _, p in cores]
-    ctx.check_size((*jnp.shape(core_x)[:2], *(c + b + e for c, (b, e) in zip(jnp.shape(core_x)[2:], pads))),
+    padded = spatial(ndim, channels_last, pads, (0, 0))
+    ctx.check_size(logical_shape([size + b + e for size, (b, e) in zip(jnp.shape(core_x), padded)], channels_last),
                    jnp.result_type(x), "the padded window input")
     if pad_value is not None:
-        core_x = jnp.pad(core_x, [(0, 0), (0, 0), *pads], constant_values=pad_value)
+        core_x = jnp.pad(core_x, padded, constant_values=pad_value)
     block = compute(core_x, pads, [(first, last) for first, last, _, _ in cores])
-    placement = [(0, 0), (0, 0)] + [(first, w.out - 1 - last) for (first, last, _, _), w in zip(cores, windows)]
+    placement = spatial(ndim, channels_last,
+                        [(first, w.out - 1 - last) for (first, last, _, _), w in zip(cores, windows)], (0, 0))
     return jnp.pad(block, placement, constant_values=fill), out_shape, cores
 
 
@@ -178,24 +207,29 @@ def _windowed(ctx: NodeContext, x, windows: Sequence[_Window], pad_value, comput
 _SHIFTED_MIN = 2**16
 
 
-def _depthwise(x, w, strides, dilations):
-    """A VALID depthwise convolution (``x`` (N, C, D1, ...) already padded, ``w`` (C * m, 1, k1, ...)) as a sum of
-    the kernel's shifted, strided slices of ``x`` times one weight per channel: XLA fuses it into one loop.
+def _depthwise(x, w, strides, dilations, channels_last=False):
+    """A VALID depthwise convolution (``x`` (N, C, D1, ...) already padded, or (N, D1, ..., C) when
+    ``channels_last``, ``w`` (C * m, 1, k1, ...)) as a sum of the kernel's shifted, strided slices of ``x``
+    times one weight per channel: XLA fuses it into one loop.
     XLA:CPU's grouped convolution with one channel per group took 56 ms for (8, 64, 56, 56) and a 3x3 kernel,
     this 0.3 ms (the gradient 173 ms and 44 ms); but it compiles about 1 s slower per layer with its gradient,
     so small outputs (below ``_SHIFTED_MIN`` elements, where both run in well under a millisecond) keep XLA's
     convolution (benchmarks/RESULTS.md)."""
     kernel = jnp.shape(w)[2:]
-    multiplier = jnp.shape(w)[0] // jnp.shape(x)[1]
+    ndim = jnp.ndim(x)
+    channel_axis = ndim - 1 if channels_last else 1
+    multiplier = jnp.shape(w)[0] // jnp.shape(x)[channel_axis]
     if multiplier > 1:  # output channel c * m + j reads input channel c
-        x = jnp.repeat(x, multiplier, axis=1)
-    out = [(size - (k - 1) * d - 1) // s + 1 for size, k, d, s in zip(jnp.shape(x)[2:], kernel, dilations, strides)]
+        x = jnp.repeat(x, multiplier, axis=channel_axis)
+    sizes = logical_shape(jnp.shape(x), channels_last)[2:]
+    out = [(size - (k - 1) * d - 1) // s + 1 for size, k, d, s in zip(sizes, kernel, dilations, strides)]
     total = None
     for offset in itertools.product(*(range(k) for k in kernel)):
-        start = [0, 0, *(o * d for o, d in zip(offset, dilations))]
-        limit = [*jnp.shape(x)[:2], *(b + (n - 1) * s + 1 for b, n, s in zip(start[2:], out, strides))]
-        term = lax.slice(x, start, limit, [1, 1, *strides]) * jnp.reshape(
-            w[(slice(None), 0, *offset)], (1, -1) + (1,) * len(kernel))
+        begin = [o * d for o, d in zip(offset, dilations)]
+        start = spatial(ndim, channels_last, begin, 0)
+        limit = with_spatial(jnp.shape(x), channels_last, [b + (n - 1) * s + 1 for b, n, s in zip(begin, out, strides)])
+        term = lax.slice(x, start, limit, spatial(ndim, channels_last, strides, 1)) * jnp.reshape(
+            w[(slice(None), 0, *offset)], per_channel(ndim, channels_last))
         total = term if total is None else total + term
     return total
 
@@ -206,25 +240,26 @@ def _conv(ctx):
 
     def conv(x, w, b=None):
         n = jnp.ndim(x) - 2
+        shape = logical_shape(jnp.shape(x), ctx.channels_last)
         if n < 1 or jnp.ndim(w) != n + 2:
             raise ctx.error(f"X must be (N, C, D1, ...) and W (M, C/group, k1, ...) of the same rank, "
-                            f"got shapes {jnp.shape(x)} and {jnp.shape(w)}")
+                            f"got shapes {shape} and {jnp.shape(w)}")
         kernel = list(ctx.attrs.get("kernel_shape") or jnp.shape(w)[2:])
         if tuple(kernel) != tuple(jnp.shape(w)[2:]):
             raise ctx.error(f"kernel_shape {kernel} does not match W's shape {jnp.shape(w)}")
-        if jnp.shape(x)[1] != jnp.shape(w)[1] * group:
-            raise ctx.error(f"X has {jnp.shape(x)[1]} channels but W {jnp.shape(w)} with group={group} "
+        if shape[1] != jnp.shape(w)[1] * group:
+            raise ctx.error(f"X has {shape[1]} channels but W {jnp.shape(w)} with group={group} "
                             f"expects {jnp.shape(w)[1] * group}")
         strides, dilations, pads = _spatial_attrs(ctx, n, kernel)
-        pads = _auto_pads(ctx, jnp.shape(x)[2:], kernel, strides, dilations, pads)
+        pads = _auto_pads(ctx, shape[2:], kernel, strides, dilations, pads)
         windows = []
-        for size, k, d, s_, (begin, end) in zip(jnp.shape(x)[2:], kernel, dilations, strides, pads):
+        for size, k, d, s_, (begin, end) in zip(shape[2:], kernel, dilations, strides, pads):
             span = (k - 1) * d + 1
             if size + begin + end < span:
                 raise ctx.error(f"the kernel ({span} with dilation) is larger than the padded input "
-                                f"{size + begin + end} for input shape {jnp.shape(x)} and pads {pads}")
+                                f"{size + begin + end} for input shape {shape} and pads {pads}")
             windows.append(_Window(size, k, d, s_, begin, (size + begin + end - span) // s_ + 1))
-        ctx.check_size((jnp.shape(x)[0], jnp.shape(w)[0], *(win.out for win in windows)), jnp.result_type(x),
+        ctx.check_size((shape[0], jnp.shape(w)[0], *(win.out for win in windows)), jnp.result_type(x),
                        "the output")
         # Only the part of X the windows reach, with at most a span of padding on each side, which the
         # convolution pads itself: XLA:CPU's convolution with padding larger than the kernel on a tiny input
@@ -234,19 +269,24 @@ def _conv(ctx):
         # One input channel per group (MobileNet, EfficientNet), on CPU, on an output large enough for its running
         # time to matter more than the longer compile (see _depthwise).
         depthwise = (group > 1 and jnp.shape(w)[1] == 1 and jax.default_backend() == "cpu"
-                     and jnp.shape(x)[0] * jnp.shape(w)[0] * math.prod(win.out for win in windows) >= _SHIFTED_MIN)
+                     and shape[0] * jnp.shape(w)[0] * math.prod(win.out for win in windows) >= _SHIFTED_MIN)
+        features = (0, n + 1, *range(1, n + 1)) if ctx.channels_last else tuple(range(n + 2))
+        numbers = lax.ConvDimensionNumbers(features, tuple(range(n + 2)), features)
 
         def convolve(core, pads, _):
             if depthwise:
-                return _depthwise(jnp.pad(core, [(0, 0), (0, 0), *pads]), w, strides, dilations)
+                return _depthwise(jnp.pad(core, spatial(n + 2, ctx.channels_last, pads, (0, 0))), w, strides,
+                                  dilations, ctx.channels_last)
             return lax.conv_general_dilated(core, w, window_strides=strides, padding=pads, rhs_dilation=dilations,
-                                            feature_group_count=group)
+                                            feature_group_count=group, dimension_numbers=numbers)
 
-        y, shape, _ = _windowed(ctx, x, windows, None, convolve, 0)
+        y, out_shape, _ = _windowed(ctx, x, windows, None, convolve, 0, ctx.channels_last)
         if y is None:  # every window lies in the padding
-            y = jnp.zeros((shape[0], jnp.shape(w)[0], *shape[2:]), jnp.result_type(x, w))
+            out_shape = list(out_shape)
+            out_shape[n + 1 if ctx.channels_last else 1] = jnp.shape(w)[0]
+            y = jnp.zeros(out_shape, jnp.result_type(x, w))
         if b is not None:
-            y = y + jnp.reshape(b, (1, -1) + (1,) * n)
+            y = y + jnp.reshape(b, per_channel(n + 2, ctx.channels_last))
         return y
 
     return conv

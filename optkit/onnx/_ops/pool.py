@@ -11,47 +11,49 @@ from jax import lax
 
 from optkit.onnx._ops._common import lowest
 from optkit.onnx._ops._registry import Family, NodeContext
-from optkit.onnx._ops.nn import _auto_pads, _spatial_attrs, _Window, _windowed
+from optkit.onnx._ops.nn import _auto_pads, _spatial_attrs, _Window, _windowed, logical_shape, spatial
 
 OPS = Family("pool")
 
 
 def _pool_windows(ctx: NodeContext, x, *, dilations_allowed: bool) -> tuple[list[_Window], list]:
     """Each spatial axis's window with ONNX's output size (``ceil_mode``, ``auto_pad``), and the explicit
-    pads (which ``count_include_pad`` counts)."""
-    n = jnp.ndim(x) - 2
+    pads (which ``count_include_pad`` counts); ``x`` in the node's layout (``ctx.channels_last``)."""
+    shape = logical_shape(jnp.shape(x), ctx.channels_last)
+    n = len(shape) - 2
     if n < 1:
-        raise ctx.error(f"X must be (N, C, D1, ...), got shape {jnp.shape(x)}")
+        raise ctx.error(f"X must be (N, C, D1, ...), got shape {shape}")
     kernel = list(ctx.attrs["kernel_shape"])
     strides, dilations, pads = _spatial_attrs(ctx, n, kernel)
     if not dilations_allowed and any(d != 1 for d in dilations):
         raise ctx.unsupported("dilations are not part of this operator version")
-    spatial = jnp.shape(x)[2:]
-    pads = _auto_pads(ctx, spatial, kernel, strides, dilations, pads)
+    sizes = shape[2:]
+    pads = _auto_pads(ctx, sizes, kernel, strides, dilations, pads)
     ceil_mode = bool(ctx.attrs.get("ceil_mode", 0)) and ctx.attrs.get("auto_pad", "NOTSET") == "NOTSET"
     windows = []
-    for size, k, s, d, (begin, end) in zip(spatial, kernel, strides, dilations, pads):
+    for size, k, s, d, (begin, end) in zip(sizes, kernel, strides, dilations, pads):
         span = (k - 1) * d + 1
         room = size + begin + end - span
         if room < 0:
             raise ctx.error(f"the window ({span} with dilation) is larger than the padded input "
-                            f"({size + begin + end}) for input shape {jnp.shape(x)}")
+                            f"({size + begin + end}) for input shape {shape}")
         out = (-(-room // s) if ceil_mode else room // s) + 1
         if ceil_mode and (out - 1) * s >= size + begin:
             out -= 1  # the last window would start in the end padding: dropped (ONNX, PyTorch)
         windows.append(_Window(size, k, d, s, begin, out))
-    ctx.check_size((*jnp.shape(x)[:2], *(w.out for w in windows)), jnp.result_type(x), "the output")
+    ctx.check_size((*shape[:2], *(w.out for w in windows)), jnp.result_type(x), "the output")
     return windows, pads
 
 
-def _reduce_window(x, init, op, windows, pads):
+def _reduce_window(x, init, op, windows, pads, channels_last=False):
     """``op`` over each window of ``x`` (already cropped to what the windows reach), ``pads`` virtual."""
+    ndim = jnp.ndim(x)
     return lax.reduce_window(
         x, init, op,
-        window_dimensions=(1, 1, *(w.k for w in windows)),
-        window_strides=(1, 1, *(w.s for w in windows)),
-        padding=((0, 0), (0, 0), *pads),
-        window_dilation=(1, 1, *(w.d for w in windows)),
+        window_dimensions=spatial(ndim, channels_last, [w.k for w in windows], 1),
+        window_strides=spatial(ndim, channels_last, [w.s for w in windows], 1),
+        padding=spatial(ndim, channels_last, pads, (0, 0)),
+        window_dilation=spatial(ndim, channels_last, [w.d for w in windows], 1),
     )
 
 
@@ -104,10 +106,12 @@ def _max_pool(ctx):
         # A NumPy initial value (a constant, not traced): lax.reduce_window then is reduce_window_max,
         # which JAX differentiates (a traced one has no gradient rule).
         init = np.asarray(lowest(dtype), dtype)
-        y, shape, _ = _windowed(ctx, x, windows, None,
-                                lambda core, pads, _: _reduce_window(core, init, lax.max, windows, pads), init)
+        y, shape, _ = _windowed(
+            ctx, x, windows, None,
+            lambda core, pads, _: _reduce_window(core, init, lax.max, windows, pads, ctx.channels_last), init,
+            ctx.channels_last)
         y = jnp.full(shape, init, dtype) if y is None else y
-        if ctx.has_output(1):
+        if ctx.has_output(1):  # (never built channels-last: optkit.onnx._layout)
             return y, _argmax_indices(ctx, lax.stop_gradient(x), windows, init, column_major)
         return y
 
@@ -124,18 +128,18 @@ def _average_pool(ctx):
         zero = np.zeros((), dtype)
 
         def mean(core, core_pads, ranges):
-            total = _reduce_window(core, zero, lax.add, windows, core_pads)
+            total = _reduce_window(core, zero, lax.add, windows, core_pads, ctx.channels_last)
             # The divisor counts the input elements in each window, plus the explicit pads with
             # count_include_pad (never the extra end padding of ceil_mode): per axis, then their product.
             count = np.ones((), np.int64)
             for w, (begin, end), (first, last) in zip(windows, pads, ranges):
                 low, high = (-begin, w.n + end) if count_include_pad else (0, w.n)
                 count = np.multiply.outer(count, w.counts(low, high, first, last))
-            return total / count.astype(dtype)
+            return total / (count[..., None] if ctx.channels_last else count).astype(dtype)
 
         # A window in the padding alone: 0 over the pads it counts, 0/0 (NaN) over none.
         fill = np.asarray(0.0 if count_include_pad else np.nan, dtype)
-        y, shape, _ = _windowed(ctx, x, windows, None, mean, fill)
+        y, shape, _ = _windowed(ctx, x, windows, None, mean, fill, ctx.channels_last)
         return jnp.full(shape, fill, dtype) if y is None else y
 
     return average_pool
@@ -163,10 +167,12 @@ def _lp_pool(ctx):
 @OPS.op("GlobalAveragePool", 1, 22, params=(jnp.mean,))
 @OPS.op("GlobalMaxPool", 1, 22, params=(jnp.max,))
 def _global_pool(ctx, reduce):
-    """GlobalAveragePool / GlobalMaxPool: ``reduce`` over every spatial axis of (N, C, D1, ...)."""
+    """GlobalAveragePool / GlobalMaxPool: ``reduce`` over every spatial axis of (N, C, D1, ...) (or of
+    (N, D1, ..., C) channels-last)."""
     def global_pool(x):
         if jnp.ndim(x) < 3:
             raise ctx.error(f"X must be (N, C, D1, ...), got shape {jnp.shape(x)}")
-        return reduce(x, axis=tuple(range(2, jnp.ndim(x))), keepdims=True)
+        axes = range(1, jnp.ndim(x) - 1) if ctx.channels_last else range(2, jnp.ndim(x))
+        return reduce(x, axis=tuple(axes), keepdims=True)
 
     return global_pool

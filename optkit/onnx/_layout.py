@@ -1,0 +1,228 @@
+"""Channels-last on CPU: a graph's convolutions, pools and the element-wise nodes between them computed on
+(N, D1, ..., C) values, with layout changes only where the rest of the graph reads a tensor.
+
+ONNX writes images (N, C, D1, ...). XLA:CPU runs a convolution channels-last and, given an (N, C, H, W)
+one, moves the channels around every convolution; a depthwise convolution computed from shifted slices
+(:func:`~optkit.onnx._ops.nn._depthwise`) reads its taps across the channel planes. Here the converter
+holds every tensor that a run of such nodes passes along in channels-last form instead, under a name of
+its own, and adds:
+
+- a node that moves a tensor's channels last where a planned ``Conv`` reads one that is not held so
+  (a graph input, an unplanned node's output);
+- a node that gives every held tensor under its ONNX name, in ONNX's layout, for whatever reads that
+  name: graph outputs, unplanned nodes, Gradient nodes, sub-graphs (a node nobody reads is never run);
+- in a planned element-wise node, its other operands (a bias (C, 1, 1), a scalar) broadcast as ONNX
+  broadcasts them and then moved like the held ones, so the node's formula is unchanged.
+
+The choice is made when the graph is traced: off the CPU (:func:`active`), every planned node is its
+ONNX form and the layout nodes pass values through, so one converted graph serves every backend and
+GPU and TPU keep the layouts XLA picks there.
+
+Which nodes are planned (:func:`plan`), from the graph's own nodes, in order: a 2-D or higher ``Conv``
+(1-D or higher) whose weight's rank is known (an initializer, a ``Constant``, a declared graph
+input, or its ``kernel_shape``); a ``MaxPool`` (without its ``Indices``), ``AveragePool``, ``GlobalAveragePool`` or
+``GlobalMaxPool`` of a held tensor; an element-wise operator of a held tensor whose other operands are held
+tensors of the same rank or have a known rank no larger. Never: a node in another domain, a node with
+sub-graphs, a tensor a Gradient node names (``xs``, ``zs``, ``y``: a gradient with respect to a tensor
+must see the tensor itself), sub-graphs' own nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+
+from optkit import Graph
+from optkit.onnx._analysis import read_inside, subgraphs
+from optkit.onnx._ops._values import TRAINING_DOMAIN, is_static, normalize_domain
+
+__all__ = ["Plan", "active", "plan"]
+
+# Element-wise operators, with the first version that broadcasts as NumPy does (Add-6 had ``axis``).
+ELEMENTWISE: dict[str, int] = {
+    **dict.fromkeys(("Add", "Sub", "Mul", "Div", "Pow", "PRelu"), 7),
+    **dict.fromkeys(("Max", "Min", "Sum", "Mean"), 8),
+    "Where": 9,
+    **dict.fromkeys(("Relu", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "Elu", "Selu", "Celu",
+                     "Gelu", "Softplus", "Mish", "Erf", "Exp", "Log", "Sqrt", "Neg", "Abs", "Reciprocal", "Clip",
+                     "Identity", "Cast"), 1),
+}
+# Operators with a channels-last form of their own (NodeContext.channels_last), of a held input.
+POOLS = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")
+
+
+def active() -> bool:
+    """True where planned nodes run channels-last when traced: on XLA's CPU backend."""
+    return jax.default_backend() == "cpu"
+
+
+def _last(value: Any) -> Any:
+    """(N, C, D1, ...) -> (N, D1, ..., C); NumPy stays NumPy (folded constants stay known)."""
+    return np.moveaxis(value, 1, -1) if is_static(value) else jnp.moveaxis(value, 1, -1)
+
+
+def _first(value: Any) -> Any:
+    """(N, D1, ..., C) -> (N, C, D1, ...)."""
+    return np.moveaxis(value, -1, 1) if is_static(value) else jnp.moveaxis(value, -1, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Which nodes of one graph run channels-last.
+
+    Attributes:
+      nodes: the planned nodes' indices.
+      ranks: each tensor held channels-last (by its ONNX name) and its rank.
+      hidden: each held tensor's own name in the :class:`optkit.Graph` (its ONNX name is its ONNX-layout copy).
+    """
+
+    nodes: frozenset[int]
+    ranks: Mapping[str, int]
+    hidden: Mapping[str, str]
+
+    def inputs(self, graph: Graph, node: onnx.NodeProto, where: str, added: dict[str, str]) -> list[str]:
+        """The planned ``node``'s input names in ``graph``: held tensors by their own names; a ``Conv``'s ``X``
+        that is not held, moved by a node added the first time (``added`` maps ONNX names to those)."""
+        names = [self.hidden.get(name, name) for name in node.input]
+        x = node.input[0] if node.input else ""
+        if node.op_type == "Conv" and x and x not in self.hidden:
+            if x not in added:
+                added[x] = _fresh(f"{x}:channels_last", self.hidden.values(), added.values())
+                graph.add(_mover(x, self.ranks[node.output[0]], where), [x], [added[x]],
+                          name=f"{where}: X channels-last")
+            names[0] = added[x]
+        return names
+
+    def outputs(self, node: onnx.NodeProto) -> list[str]:
+        """The planned ``node``'s output names in the graph."""
+        return [self.hidden[node.output[0]]]
+
+    def add_onnx_layout(self, graph: Graph, node: onnx.NodeProto, where: str) -> None:
+        """After a planned ``node``: its output under its ONNX name, in ONNX's layout."""
+        out = node.output[0]
+        graph.add(lambda value: _first(value) if active() else value, [self.hidden[out]], [out],
+                  name=f"{where}: output in ONNX's layout")
+
+    def function(self, node: onnx.NodeProto, onnx_form: Callable[..., Any],
+                 build_channels_last: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
+        """The planned node's function of its (renamed) inputs: its channels-last form where :func:`active`,
+        its ONNX form elsewhere."""
+        if node.op_type == "Conv" or node.op_type in POOLS:
+            channels_last = build_channels_last()
+            return lambda *values: channels_last(*values) if active() else onnx_form(*values)
+        rank = self.ranks[node.output[0]]
+        held = [name in self.hidden for name in node.input]
+
+        def elementwise(*values):
+            if not active():
+                return onnx_form(*values)
+            return onnx_form(*(v if h or v is None else _broadcast_last(v, rank) for v, h in zip(values, held)))
+
+        return elementwise
+
+
+def _broadcast_last(value: Any, rank: int) -> Any:
+    """An operand broadcast against a rank-``rank`` (N, C, D1, ...) tensor, moved as that tensor is moved."""
+    shape = np.shape(value)
+    if not shape:
+        return value
+    full = (1,) * (rank - len(shape)) + tuple(shape)
+    return _last(np.reshape(value, full) if is_static(value) else jnp.reshape(value, full))
+
+
+def _mover(name: str, rank: int, where: str) -> Callable[[Any], Any]:
+    def to_channels_last(value):
+        if not active():
+            return value
+        if np.ndim(value) != rank:
+            raise ValueError(f"{where}: X must be (N, C, D1, ...) of rank {rank} (as W), got shape {np.shape(value)}")
+        return _last(value)
+
+    to_channels_last.__name__ = f"{name} channels-last"
+    return to_channels_last
+
+
+def _fresh(name: str, *taken: Any) -> str:
+    while any(name in names for names in taken):
+        name += "'"
+    return name
+
+
+def _rank_of_constant(node: onnx.NodeProto) -> int | None:
+    for attr in node.attribute:
+        if attr.name == "value" and attr.HasField("t"):
+            return len(attr.t.dims)
+        if attr.name in ("value_float", "value_int"):
+            return 0
+        if attr.name in ("value_floats", "value_ints"):
+            return 1
+    return None
+
+
+def plan(nodes: Sequence[onnx.NodeProto], ranks: Mapping[str, int], versions: Sequence[int],
+         names: set[str]) -> Plan:
+    """The nodes of a graph to run channels-last (see the module's text).
+
+    Args:
+      nodes: the graph's nodes, in order; ``versions`` each one's operator version (its since_version).
+      ranks: the known ranks of graph inputs (declared shapes) and initializers.
+      names: every tensor name of the graph and its sub-graphs (a held tensor's own name is none of them).
+    """
+    known = dict(ranks)
+    pinned: set[str] = set()
+    for node in nodes:
+        if node.op_type == "Gradient" and normalize_domain(node.domain) == TRAINING_DOMAIN:
+            pinned.update(v.decode("utf-8", "replace") for a in node.attribute for v in [a.s, *a.strings])
+        pinned.update(read_inside(node))
+    held: dict[str, int] = {}
+    planned: set[int] = set()
+    for index, (node, version) in enumerate(zip(nodes, versions)):
+        if normalize_domain(node.domain) != "":
+            continue
+        if node.op_type == "Constant" and len(node.output) == 1:
+            rank = _rank_of_constant(node)
+            if rank is not None:
+                known[node.output[0]] = rank
+            continue
+        if len(node.output) != 1 or not node.output[0] or node.output[0] in pinned or subgraphs(node):
+            continue
+        rank = _planned_rank(node, version, held, known)
+        if rank is not None:
+            planned.add(index)
+            held[node.output[0]] = known[node.output[0]] = rank
+    hidden: dict[str, str] = {}
+    for name in held:
+        hidden[name] = _fresh(f"{name}:channels_last", names, hidden.values())
+    return Plan(frozenset(planned), held, hidden)
+
+
+def _planned_rank(node: onnx.NodeProto, version: int, held: Mapping[str, int], known: Mapping[str, int]) -> int | None:
+    """The rank of ``node``'s output if it runs channels-last, else None."""
+    inputs = [name for name in node.input if name]
+    if not inputs:
+        return None
+    op = node.op_type
+    if op == "Conv":
+        kernel = next((list(a.ints) for a in node.attribute if a.name == "kernel_shape" and a.ints), None)
+        rank = known.get(node.input[1]) if len(node.input) > 1 else None
+        rank = rank if rank is not None else (None if kernel is None else len(kernel) + 2)
+        if rank is None or rank < 3 or held.get(node.input[0], rank) != rank:
+            return None
+        return rank
+    if op in POOLS:
+        return held.get(node.input[0])
+    if version < ELEMENTWISE.get(op, 10**9):
+        return None
+    ranks = {held[name] for name in inputs if name in held}
+    if len(ranks) != 1:
+        return None
+    rank = ranks.pop()
+    if any(name not in held and known.get(name, rank + 1) > rank for name in inputs):
+        return None
+    return rank

@@ -1,0 +1,170 @@
+"""Channels-last on CPU (optkit.onnx._layout): a model's convolutions, pools and the element-wise nodes
+between them run on (N, D1, ..., C) values, with the layout changed only where the graph reads a tensor
+in ONNX's layout.
+
+The values are checked against ONNX Runtime (an independent implementation), with the channels-last
+plan on and off (off is what other backends run), compiled and not; gradients against the ONNX form
+and, for a Gradient node, against JAX's own derivative of the formula written out.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+
+import onnx  # noqa: E402
+import onnx.shape_inference  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import optkit.onnx  # noqa: E402
+from optkit.onnx import _layout  # noqa: E402
+from tests.helpers import onnx_info, onnx_model  # noqa: E402
+
+JIT = [pytest.param(True, id="jit"), pytest.param(False, id="nojit")]
+RNG = np.random.default_rng(7)
+
+
+def _init(name, *shape, scale=0.3):
+    return numpy_helper.from_array((RNG.standard_normal(shape) * scale).astype(np.float32), name)
+
+
+def _outputs(*names):
+    return [helper.make_value_info(name, onnx.TypeProto()) for name in names]
+
+
+def _model(*args, **kwargs):
+    """``onnx_model`` with the outputs typed by shape inference, as the checker requires."""
+    return onnx.shape_inference.infer_shapes(onnx_model(*args, **kwargs))
+
+
+def _image_net():
+    """A 2-D network with every kind of planned node: a convolution, a depthwise one large enough for the
+    shifted-slice form (multiplier 2), a strided dilated grouped one, a squeeze-excite block, MaxPool with
+    ceil_mode, AveragePool with asymmetric pads, operands (C, 1, 1), (W,) and scalars, PRelu; an
+    intermediate as a graph output, Flatten and Gemm reading a held tensor."""
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        n("HardSwish", ["c1"], ["a1"]),
+        n("Conv", ["a1", "wd", "bd"], ["d1"], group=16, pads=[1, 1, 1, 1]),
+        n("Relu", ["d1"], ["r1"]),
+        n("Conv", ["r1", "wg"], ["d2"], group=8, strides=[2, 2], dilations=[2, 2], pads=[2, 1, 2, 2]),
+        n("GlobalAveragePool", ["d2"], ["s1"]),
+        n("Conv", ["s1", "ws"], ["s2"]),
+        n("Sigmoid", ["s2"], ["s3"]),
+        n("Mul", ["d2", "s3"], ["m1"]),
+        n("MaxPool", ["m1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1),
+        n("AveragePool", ["p1"], ["p2"], kernel_shape=[2, 2], pads=[0, 1, 1, 0]),
+        n("Add", ["p2", "bias"], ["e1"]),
+        n("Mul", ["e1", "row"], ["e2"]),
+        n("PRelu", ["e2", "slope"], ["e3"]),
+        n("Clip", ["e3", "lo", "hi"], ["y"]),
+        n("Flatten", ["y"], ["f"]),
+        n("Gemm", ["f", "wf"], ["logits"], transB=1),
+    ]
+    inits = [_init("w1", 16, 4, 3, 3), _init("b1", 16), _init("wd", 32, 1, 3, 3), _init("bd", 32),
+             _init("wg", 32, 4, 3, 3), _init("ws", 32, 32, 1, 1), _init("bias", 32, 1, 1), _init("row", 13),
+             _init("slope", 32, 1, 1), numpy_helper.from_array(np.float32(-0.5), "lo"),
+             numpy_helper.from_array(np.float32(0.7), "hi"), _init("wf", 5, 32 * 13 * 13)]
+    model = _model(nodes, [onnx_info("x", TensorProto.FLOAT, [2, 4, 48, 48])], _outputs("y", "logits", "c1"),
+                       inits)
+    return model, {"x": RNG.standard_normal((2, 4, 48, 48)).astype(np.float32)}
+
+
+def _sequence_net():
+    """1-D convolutions (a speech front end's shape) with a (C, 1) bias between them."""
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w1"], ["c1"], strides=[2], pads=[1, 1]),
+             n("Relu", ["c1"], ["r1"]),
+             n("Conv", ["r1", "w2", "b2"], ["c2"], kernel_shape=[3], group=2),
+             n("Add", ["c2", "bias"], ["y"])]
+    inits = [_init("w1", 8, 3, 4), _init("w2", 6, 4, 3), _init("b2", 6), _init("bias", 6, 1)]
+    model = _model(nodes, [onnx_info("x", TensorProto.FLOAT, [3, 3, 50])], _outputs("y"), inits)
+    return model, {"x": RNG.standard_normal((3, 3, 50)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("jit", JIT)
+@pytest.mark.parametrize("channels_last", [True, False], ids=["channels_last", "onnx_layout"])
+@pytest.mark.parametrize("build", [_image_net, _sequence_net])
+def test_values_match_onnxruntime_in_both_layouts(build, channels_last, jit, monkeypatch):
+    ort = pytest.importorskip("onnxruntime")
+    if jax.default_backend() != "cpu":
+        pytest.skip("the channels-last plan runs on CPU")
+    model, feeds = build()
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    if not channels_last:
+        monkeypatch.setattr(_layout, "active", lambda: False)
+    got = optkit.onnx.prepare(model, jit=jit).run(feeds)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5)
+
+
+def test_the_plan_holds_the_runs_between_the_graphs_edges(monkeypatch):
+    """Every convolution, pool and element-wise node of the image network is planned, Flatten and Gemm are
+    not; the lowered program moves the channels at the edges only (the input, the two outputs read in
+    ONNX's layout), and its convolutions take channels-last operands. Off the CPU, no moves."""
+    model, feeds = _image_net()
+    graph = optkit.onnx.to_graph(model)
+    layout = _layout.plan(model.graph.node, {"x": 4, **{t.name: len(t.dims) for t in model.graph.initializer}},
+                          [17] * len(model.graph.node), set())
+    assert sorted(model.graph.node[i].op_type for i in layout.nodes) == sorted(
+        node.op_type for node in model.graph.node if node.op_type not in ("Flatten", "Gemm"))
+    fn = graph.as_function(["x"], ["y", "logits", "c1"])
+    text = jax.jit(fn).lower(feeds["x"]).as_text()
+    assert text.count("stablehlo.transpose") == 3
+    assert "[b, 0, 1, f]x[o, i, 0, 1]->[b, 0, 1, f]" in text and "[b, f, 0, 1]" not in text
+    monkeypatch.setattr(_layout, "active", lambda: False)
+    text = jax.jit(graph.as_function(["x"], ["y", "logits", "c1"])).lower(feeds["x"]).as_text()
+    assert "stablehlo.transpose" not in text and "[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]" in text
+
+
+def test_gradients_of_the_exported_function_match_the_onnx_form(monkeypatch):
+    """to_jax's function differentiated through the channels-last nodes gives the ONNX form's gradients."""
+    model, feeds = _image_net()
+    apply_fn, params = optkit.onnx.to_jax(model)
+    x = jnp.asarray(feeds["x"])
+
+    def loss(p):
+        y, logits, c1 = apply_fn(p, x)
+        return jnp.sum(y ** 2) + jnp.sum(jnp.sin(logits)) + jnp.mean(c1)
+
+    grads = jax.jit(jax.grad(loss))(params)
+    monkeypatch.setattr(_layout, "active", lambda: False)
+    want = jax.jit(jax.grad(loss))(params)
+    assert set(grads) == set(want) == set(params)
+    for name in want:
+        np.testing.assert_allclose(grads[name], want[name], rtol=2e-4, atol=2e-5, err_msg=name)
+
+
+def test_a_tensor_a_gradient_node_differentiates_by_stays_in_onnx_layout():
+    """Gradient(xs=[t]) of y = sum(Conv(t, W2)) with t = Relu(Conv(x, W1)): t is not held channels-last (a
+    gradient with respect to it must see it), and dy/dt is JAX's derivative of the formula written out."""
+    n = helper.make_node
+    w1, w2 = _init("w1", 6, 3, 3, 3), _init("w2", 5, 6, 3, 3)
+    nodes = [n("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]), n("Relu", ["c"], ["t"]),
+             n("Conv", ["t", "w2"], ["u"]), n("ReduceSum", ["u"], ["y"], keepdims=0),
+             n("Gradient", ["t"], ["dt"], domain="ai.onnx.preview.training", xs=["t"], y="y")]
+    outputs = [onnx_info("dt", TensorProto.FLOAT, [2, 6, 10, 10]), *_outputs("u")]
+    model = _model(nodes, [onnx_info("x", TensorProto.FLOAT, [2, 3, 10, 10])], outputs, [w1, w2],
+                   opsets=(("", 17), ("ai.onnx.preview.training", 1)))
+    layout = _layout.plan(model.graph.node, {"x": 4, "w1": 4, "w2": 4}, [1] * len(nodes), set())
+    assert "t" not in layout.ranks and "c" in layout.ranks and "u" in layout.ranks
+    x = RNG.standard_normal((2, 3, 10, 10)).astype(np.float32)
+    dt, u = optkit.onnx.prepare(model).run([x])
+    k1, k2 = numpy_helper.to_array(w1), numpy_helper.to_array(w2)
+    t = jnp.maximum(jax.lax.conv(x, k1, (1, 1), [(1, 1), (1, 1)]), 0)
+    want = jax.grad(lambda t: jnp.sum(jax.lax.conv(t, k2, (1, 1), "VALID")))(t)
+    np.testing.assert_allclose(dt, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(u, jax.lax.conv(t, k2, (1, 1), "VALID"), rtol=1e-4, atol=1e-4)
+
+
+def test_a_convolution_input_of_the_wrong_rank_is_an_error_naming_the_node():
+    """A convolution's input moved channels-last has the weight's rank, or the error names the node."""
+    nodes = [helper.make_node("Identity", ["x"], ["i"]), helper.make_node("Conv", ["i", "w"], ["y"], name="conv0")]
+    model = onnx_model(nodes, [onnx_info("x", TensorProto.FLOAT, [3, 5, 5])], [onnx_info("y", TensorProto.FLOAT, [3])],
+                       [_init("w", 2, 3, 3, 3)])
+    with pytest.raises(ValueError, match=r"conv0.*X must be \(N, C, D1, \.\.\.\) of rank 4.*\(3, 5, 5\)"):
+        optkit.onnx.prepare(model).run([np.ones((3, 5, 5), np.float32)])
