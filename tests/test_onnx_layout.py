@@ -41,16 +41,17 @@ def _model(*args, **kwargs):
 
 def _image_net():
     """A 2-D network with every kind of planned node: a convolution, a depthwise one large enough for the
-    shifted-slice form (multiplier 2), a strided dilated grouped one, a squeeze-excite block, MaxPool with
-    ceil_mode, AveragePool with asymmetric pads, operands (C, 1, 1), (W,) and scalars, PRelu; an
-    intermediate as a graph output, Flatten and Gemm reading a held tensor."""
+    shifted-slice form (multiplier 2), BatchNormalization, a strided dilated grouped one, a squeeze-excite
+    block, MaxPool with ceil_mode, AveragePool with asymmetric pads, operands (C, 1, 1), (W,) and scalars,
+    PRelu; an intermediate as a graph output, Flatten and Gemm reading a held tensor."""
     n = helper.make_node
     nodes = [
         n("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
         n("HardSwish", ["c1"], ["a1"]),
         n("Conv", ["a1", "wd", "bd"], ["d1"], group=16, pads=[1, 1, 1, 1]),
         n("Relu", ["d1"], ["r1"]),
-        n("Conv", ["r1", "wg"], ["d2"], group=8, strides=[2, 2], dilations=[2, 2], pads=[2, 1, 2, 2]),
+        n("BatchNormalization", ["r1", "gamma", "beta", "mean", "var"], ["n1"]),
+        n("Conv", ["n1", "wg"], ["d2"], group=8, strides=[2, 2], dilations=[2, 2], pads=[2, 1, 2, 2]),
         n("GlobalAveragePool", ["d2"], ["s1"]),
         n("Conv", ["s1", "ws"], ["s2"]),
         n("Sigmoid", ["s2"], ["s3"]),
@@ -65,6 +66,8 @@ def _image_net():
         n("Gemm", ["f", "wf"], ["logits"], transB=1),
     ]
     inits = [_init("w1", 16, 4, 3, 3), _init("b1", 16), _init("wd", 32, 1, 3, 3), _init("bd", 32),
+             _init("gamma", 32), _init("beta", 32), _init("mean", 32),
+             numpy_helper.from_array(RNG.uniform(0.5, 2, 32).astype(np.float32), "var"),
              _init("wg", 32, 4, 3, 3), _init("ws", 32, 32, 1, 1), _init("bias", 32, 1, 1), _init("row", 13),
              _init("slope", 32, 1, 1), numpy_helper.from_array(np.float32(-0.5), "lo"),
              numpy_helper.from_array(np.float32(0.7), "hi"), _init("wf", 5, 32 * 13 * 13)]
@@ -168,3 +171,30 @@ def test_a_convolution_input_of_the_wrong_rank_is_an_error_naming_the_node():
                        [_init("w", 2, 3, 3, 3)])
     with pytest.raises(ValueError, match=r"conv0.*X must be \(N, C, D1, \.\.\.\) of rank 4.*\(3, 5, 5\)"):
         optkit.onnx.prepare(model).run([np.ones((3, 5, 5), np.float32)])
+
+
+@pytest.mark.parametrize("channels_last", [True, False], ids=["channels_last", "onnx_layout"])
+def test_batch_normalization_in_training_mode_against_its_formula(channels_last, monkeypatch):
+    """BatchNormalization (training_mode=1) of a held tensor: the output channels-last, the running statistics
+    (per-channel vectors) as ONNX defines them, from the batch statistics of the convolution's output."""
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             n("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["y", "rm", "rv"], training_mode=1,
+               momentum=0.8, epsilon=1e-3),
+             n("Relu", ["y"], ["out"])]
+    inits = [_init("w", 6, 3, 3, 3), _init("gamma", 6), _init("beta", 6), _init("mean", 6),
+             numpy_helper.from_array(RNG.uniform(0.5, 2, 6).astype(np.float32), "var")]
+    model = _model(nodes, [onnx_info("x", TensorProto.FLOAT, [4, 3, 7, 7])], _outputs("out", "rm", "rv", "c"), inits)
+    if not channels_last:
+        monkeypatch.setattr(_layout, "active", lambda: False)
+    x = RNG.standard_normal((4, 3, 7, 7)).astype(np.float32)
+    out, rm, rv, c = optkit.onnx.prepare(model).run([x])
+    gamma, beta, mean, var = (numpy_helper.to_array(t) for t in inits[1:])
+    c64 = c.astype(np.float64)
+    batch_mean, batch_var = c64.mean(axis=(0, 2, 3)), c64.var(axis=(0, 2, 3))
+    per = (1, -1, 1, 1)
+    want = np.maximum(gamma.reshape(per) * (c64 - batch_mean.reshape(per)) / np.sqrt(batch_var.reshape(per) + 1e-3)
+                      + beta.reshape(per), 0)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(rm, mean * 0.8 + batch_mean * 0.2, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(rv, var * 0.8 + batch_var * 0.2, rtol=1e-5, atol=1e-6)

@@ -18,13 +18,17 @@ The choice is made when the graph is traced: off the CPU (:func:`active`), every
 ONNX form and the layout nodes pass values through, so one converted graph serves every backend and
 GPU and TPU keep the layouts XLA picks there.
 
-Which nodes are planned (:func:`plan`), from the graph's own nodes, in order: a 2-D or higher ``Conv``
-(1-D or higher) whose weight's rank is known (an initializer, a ``Constant``, a declared graph
-input, or its ``kernel_shape``); a ``MaxPool`` (without its ``Indices``), ``AveragePool``, ``GlobalAveragePool`` or
-``GlobalMaxPool`` of a held tensor; an element-wise operator of a held tensor whose other operands are held
-tensors of the same rank or have a known rank no larger. Never: a node in another domain, a node with
-sub-graphs, a tensor a Gradient node names (``xs``, ``zs``, ``y``: a gradient with respect to a tensor
-must see the tensor itself), sub-graphs' own nodes.
+Which nodes are planned (:func:`plan`), from the graph's own nodes, in order:
+
+- a ``Conv`` (1-D or higher) whose weight's rank is known (an initializer, a ``Constant``, a declared
+  graph input, or its ``kernel_shape``);
+- a ``MaxPool`` (without its ``Indices``), ``AveragePool``, ``GlobalAveragePool``, ``GlobalMaxPool`` or
+  ``BatchNormalization`` (9 and later, inference or training) of a held tensor;
+- an element-wise operator of a held tensor whose other operands are held tensors of the same rank or
+  have a known rank no larger.
+
+Never: a node in another domain, a node with sub-graphs, a tensor a Gradient node names (``xs``, ``zs``,
+``y``: a gradient with respect to a tensor must see the tensor itself), sub-graphs' own nodes.
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ ELEMENTWISE: dict[str, int] = {
                      "Gelu", "Softplus", "Mish", "Erf", "Exp", "Log", "Sqrt", "Neg", "Abs", "Reciprocal", "Clip",
                      "Identity", "Cast"), 1),
 }
-# Operators with a channels-last form of their own (NodeContext.channels_last), of a held input.
-POOLS = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")
+# Operators with a channels-last form of their own (NodeContext.channels_last), of a held input X (their first
+# output held; a BatchNormalization's running statistics are per-channel vectors, the same in both layouts).
+POOLS = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization")
+_OWN_FORM = ("Conv", *POOLS)
 
 
 def active() -> bool:
@@ -89,7 +95,10 @@ class Plan:
     def inputs(self, graph: Graph, node: onnx.NodeProto, where: str, added: dict[str, str]) -> list[str]:
         """The planned ``node``'s input names in ``graph``: held tensors by their own names; a ``Conv``'s ``X``
         that is not held, moved by a node added the first time (``added`` maps ONNX names to those)."""
-        names = [self.hidden.get(name, name) for name in node.input]
+        if node.op_type in _OWN_FORM:  # X alone: W, B, scale... are read as ONNX lays them out
+            names = [self.hidden.get(node.input[0], node.input[0]), *node.input[1:]]
+        else:
+            names = [self.hidden.get(name, name) for name in node.input]
         x = node.input[0] if node.input else ""
         if node.op_type == "Conv" and x and x not in self.hidden:
             if x not in added:
@@ -101,7 +110,7 @@ class Plan:
 
     def outputs(self, node: onnx.NodeProto) -> list[str]:
         """The planned ``node``'s output names in the graph."""
-        return [self.hidden[node.output[0]]]
+        return [self.hidden[node.output[0]], *node.output[1:]]
 
     def add_onnx_layout(self, graph: Graph, node: onnx.NodeProto, where: str) -> None:
         """After a planned ``node``: its output under its ONNX name, in ONNX's layout."""
@@ -113,7 +122,7 @@ class Plan:
                  build_channels_last: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
         """The planned node's function of its (renamed) inputs: its channels-last form where :func:`active`,
         its ONNX form elsewhere."""
-        if node.op_type == "Conv" or node.op_type in POOLS:
+        if node.op_type in _OWN_FORM:
             channels_last = build_channels_last()
             return lambda *values: channels_last(*values) if active() else onnx_form(*values)
         rank = self.ranks[node.output[0]]
@@ -190,7 +199,8 @@ def plan(nodes: Sequence[onnx.NodeProto], ranks: Mapping[str, int], versions: Se
             if rank is not None:
                 known[node.output[0]] = rank
             continue
-        if len(node.output) != 1 or not node.output[0] or node.output[0] in pinned or subgraphs(node):
+        outputs = 3 if node.op_type == "BatchNormalization" else 1  # (y, running_mean, running_var)
+        if not 1 <= len(node.output) <= outputs or not node.output[0] or node.output[0] in pinned or subgraphs(node):
             continue
         rank = _planned_rank(node, version, held, known)
         if rank is not None:
@@ -216,7 +226,7 @@ def _planned_rank(node: onnx.NodeProto, version: int, held: Mapping[str, int], k
             return None
         return rank
     if op in POOLS:
-        return held.get(node.input[0])
+        return held.get(node.input[0]) if op != "BatchNormalization" or version >= 9 else None
     if version < ELEMENTWISE.get(op, 10**9):
         return None
     ranks = {held[name] for name in inputs if name in held}

@@ -16,13 +16,14 @@ from jax import lax
 from optkit.onnx._ops._common import axis_index
 from optkit.onnx._ops._registry import Family
 from optkit.onnx._ops._values import onnx_dtype
+from optkit.onnx._ops.nn import per_channel
 
 OPS = Family("normalization")
 
 
-def _channel(v, rank):
-    """A per-channel vector shaped to broadcast against (N, C, D1, ...)."""
-    return jnp.reshape(v, (1, -1) + (1,) * (rank - 2))
+def _channel(v, rank, channels_last=False):
+    """A per-channel vector shaped to broadcast against (N, C, D1, ...), or (N, D1, ..., C) ``channels_last``."""
+    return jnp.reshape(v, per_channel(rank, channels_last))
 
 
 @OPS.op("BatchNormalization", 6, 7, 9, 14, 15)
@@ -45,20 +46,21 @@ def _batch_normalization(ctx):
         rank = jnp.ndim(x)
         if rank < 2:
             raise ctx.error(f"X must be (N, C, ...), got shape {jnp.shape(x)}")
-        channels = jnp.shape(x)[1]
+        last = ctx.channels_last  # (N, D1, ..., C): optkit.onnx._layout
+        channels = jnp.shape(x)[-1 if last else 1]
         for v, what in ((scale, "scale"), (bias, "B"), (mean, "input_mean"), (var, "input_var")):
             if jnp.shape(v) != (channels,):
                 raise ctx.error(f"{what} must have shape ({channels},), got {jnp.shape(v)}")
         dtype = jnp.result_type(x)
         if training:
-            axes = (0, *range(2, rank))
+            axes = (0, *range(1, rank - 1)) if last else (0, *range(2, rank))
             batch_mean = jnp.mean(x, axis=axes)
-            batch_var = jnp.mean(jnp.square(x - _channel(batch_mean, rank)), axis=axes)
+            batch_var = jnp.mean(jnp.square(x - _channel(batch_mean, rank, last)), axis=axes)
             use_mean, use_var = batch_mean, batch_var
         else:
             use_mean, use_var = mean, var
-        y = (_channel(scale, rank) * (x - _channel(use_mean, rank)) / jnp.sqrt(_channel(use_var, rank) + eps)
-             + _channel(bias, rank)).astype(dtype)
+        y = (_channel(scale, rank, last) * (x - _channel(use_mean, rank, last))
+             / jnp.sqrt(_channel(use_var, rank, last) + eps) + _channel(bias, rank, last)).astype(dtype)
         if not training:
             return y
         running_mean = (mean * momentum + batch_mean * (1 - momentum)).astype(jnp.result_type(mean))
