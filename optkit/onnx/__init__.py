@@ -35,7 +35,7 @@ import ``onnx``.
 Files from strangers: external data is read only from the model's own
 directory (never for a model given without one, unless ``base_dir`` names
 it), every tensor and every Gradient nesting level is bounded, and what
-optkit cannot run is refused at load time (docs page "ONNX models on XLA",
+optkit cannot run is refused at load time (docs page "The ONNX backend",
 "Loading ONNX files from strangers").
 
 Example:

@@ -2,7 +2,7 @@
 
 Each bound is checked at load time where the model declares the size, and when
 the graph is traced (before XLA runs anything) for what it computes. The docs
-page "ONNX models on XLA", "Loading ONNX files from strangers", lists them with
+page "The ONNX backend", "Loading ONNX files from strangers", lists them with
 their defaults.
 """
 

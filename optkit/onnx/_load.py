@@ -64,6 +64,13 @@ def to_graph(
     gives a NumPy value: that is how a ``Reshape`` reads a shape computed by
     other nodes. Feed JAX arrays to compute everything else in XLA.
 
+    Convolutions, pools, ``BatchNormalization`` and the element-wise nodes
+    between them are also built in a channels-last form, which they run when
+    the graph is traced on the CPU; the graph then holds the tensors they pass
+    along as (N, D1, ..., C) under names of their own and has nodes that move
+    the channels where a tensor is read under its ONNX name (the docs page
+    "The ONNX backend", "Speed on CPU"). The values are ONNX's either way.
+
     The graph is pure JAX: ``jax.jit(graph.as_function(...))`` compiles it.
     ONNX's 64-bit types (INT64 step counts and indices, DOUBLE) need JAX's
     64-bit mode: evaluate it inside ``with jax.enable_x64(True):``, as
@@ -84,7 +91,7 @@ def to_graph(
         available now).
       max_gradient_depth: how deep Gradient nodes may nest, 1 to 16; default 8.
       max_gradient_passes: the reverse passes the Gradient nodes may need in
-        all (see the docs page "ONNX models on XLA", "Loading ONNX files from strangers"); default 4096.
+        all (see the docs page "The ONNX backend", "Loading ONNX files from strangers"); default 4096.
 
     Raises:
       ValueError: malformed bytes (text that is not UTF-8 included), a model
