@@ -88,9 +88,28 @@ def _sequence_net():
     return model, {"x": RNG.standard_normal((3, 3, 50)).astype(np.float32)}
 
 
+def _convnext_block():
+    """ConvNeXt's block as torch.onnx writes it: a 7 x 7 depthwise convolution, a Transpose to channels-last
+    for LayerNormalization and the two MatMuls, a layer scale, a Transpose back, the residual Add; then a
+    convolution. The Transposes are the held layout's own moves."""
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "dw", "db"], ["d"], group=8, pads=[3, 3, 3, 3]),
+             n("Transpose", ["d"], ["t"], perm=[0, 2, 3, 1]),
+             n("LayerNormalization", ["t", "ln_g", "ln_b"], ["ln"], axis=-1),
+             n("MatMul", ["ln", "w1"], ["h1"]), n("Relu", ["h1"], ["h2"]), n("MatMul", ["h2", "w2"], ["h3"]),
+             n("Mul", ["h3", "gamma"], ["h4"]),
+             n("Transpose", ["h4"], ["back"], perm=[0, 3, 1, 2]),
+             n("Add", ["x", "back"], ["r"]),
+             n("Conv", ["r", "wc"], ["y"], strides=[2, 2])]
+    inits = [_init("dw", 8, 1, 7, 7), _init("db", 8), _init("ln_g", 8), _init("ln_b", 8), _init("w1", 8, 32),
+             _init("w2", 32, 8), _init("gamma", 8), _init("wc", 4, 8, 2, 2)]
+    model = _model(nodes, [onnx_info("x", TensorProto.FLOAT, [2, 8, 20, 20])], _outputs("y"), inits)
+    return model, {"x": RNG.standard_normal((2, 8, 20, 20)).astype(np.float32)}
+
+
 @pytest.mark.parametrize("jit", JIT)
 @pytest.mark.parametrize("channels_last", [True, False], ids=["channels_last", "onnx_layout"])
-@pytest.mark.parametrize("build", [_image_net, _sequence_net])
+@pytest.mark.parametrize("build", [_image_net, _sequence_net, _convnext_block])
 def test_values_match_onnxruntime_in_both_layouts(build, channels_last, jit, monkeypatch):
     ort = pytest.importorskip("onnxruntime")
     if jax.default_backend() != "cpu":
@@ -122,6 +141,19 @@ def test_the_plan_holds_the_runs_between_the_graphs_edges(monkeypatch):
     monkeypatch.setattr(_layout, "active", lambda: False)
     text = jax.jit(graph.as_function(["x"], ["y", "logits", "c1"])).lower(feeds["x"]).as_text()
     assert "stablehlo.transpose" not in text and "[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]" in text
+
+
+def test_transposes_into_and_out_of_channels_last_are_the_held_values(monkeypatch):
+    """ConvNeXt's Transposes around its LayerNorm cost nothing channels-last: the lowered block moves the
+    input twice (for the convolution and the residual Add) and the output once, where the ONNX form has
+    the model's two Transposes and none of its own."""
+    model, feeds = _convnext_block()
+    graph = optkit.onnx.to_graph(model)
+    text = jax.jit(graph.as_function(["x"], "y")).lower(feeds["x"]).as_text()
+    assert text.count("stablehlo.transpose") == 3
+    monkeypatch.setattr(_layout, "active", lambda: False)
+    text = jax.jit(graph.as_function(["x"], "y")).lower(feeds["x"]).as_text()
+    assert text.count("stablehlo.transpose") == 2
 
 
 def test_gradients_of_the_exported_function_match_the_onnx_form(monkeypatch):
@@ -198,3 +230,13 @@ def test_batch_normalization_in_training_mode_against_its_formula(channels_last,
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(rm, mean * 0.8 + batch_mean * 0.2, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(rv, var * 0.8 + batch_var * 0.2, rtol=1e-5, atol=1e-6)
+
+
+def test_a_transpose_into_channels_first_of_the_wrong_rank_is_the_operators_error():
+    """A Transpose the plan makes free still refuses an input its perm does not fit, as ONNX's does."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2], name="to_nchw"),
+             helper.make_node("Relu", ["t"], ["y"])]
+    model = onnx_model(nodes, [onnx_info("x", TensorProto.FLOAT, ["a", "b", "c"])],
+                       [onnx_info("y", TensorProto.FLOAT, ["a", "b", "c", "d"])])
+    with pytest.raises(ValueError, match="to_nchw"):
+        optkit.onnx.prepare(model).run([np.ones((2, 3, 4), np.float32)])

@@ -25,7 +25,11 @@ Which nodes are planned (:func:`plan`), from the graph's own nodes, in order:
 - a ``MaxPool`` (without its ``Indices``), ``AveragePool``, ``GlobalAveragePool``, ``GlobalMaxPool`` or
   ``BatchNormalization`` (9 and later, inference or training) of a held tensor;
 - an element-wise operator of a held tensor whose other operands are held tensors of the same rank or
-  have a known rank no larger.
+  have a known rank no larger;
+- a ``Transpose`` from (N, D1, ..., C) to (N, C, D1, ...) of a tensor not held (its output is held, and
+  is its input as it is), and one from (N, C, D1, ...) to (N, D1, ..., C) of a held tensor (its output,
+  not held, is the held value as it is): the layout changes that jax2onnx writes around every ``Conv``
+  of a channels-last Flax model, and ConvNeXt around its ``LayerNorm``, cost nothing.
 
 Never: a node in another domain, a node with sub-graphs, a tensor a Gradient node names (``xs``, ``zs``,
 ``y``: a gradient with respect to a tensor must see the tensor itself), sub-graphs' own nodes.
@@ -110,11 +114,13 @@ class Plan:
 
     def outputs(self, node: onnx.NodeProto) -> list[str]:
         """The planned ``node``'s output names in the graph."""
-        return [self.hidden[node.output[0]], *node.output[1:]]
+        return [self.hidden.get(node.output[0], node.output[0]), *node.output[1:]]
 
     def add_onnx_layout(self, graph: Graph, node: onnx.NodeProto, where: str) -> None:
-        """After a planned ``node``: its output under its ONNX name, in ONNX's layout."""
+        """After a planned ``node``: its held output under its ONNX name, in ONNX's layout."""
         out = node.output[0]
+        if out not in self.hidden:
+            return
         graph.add(lambda value: _first(value) if active() else value, [self.hidden[out]], [out],
                   name=f"{where}: output in ONNX's layout")
 
@@ -125,6 +131,13 @@ class Plan:
         if node.op_type in _OWN_FORM:
             channels_last = build_channels_last()
             return lambda *values: channels_last(*values) if active() else onnx_form(*values)
+        if node.op_type == "Transpose":  # into or out of the held layout: the value as it is
+            rank = len(_perm(node) or ())
+
+            def moved(value):  # (a value of another rank: the ONNX form's error)
+                return value if active() and np.ndim(value) == rank else onnx_form(value)
+
+            return moved
         rank = self.ranks[node.output[0]]
         held = [name in self.hidden for name in node.input]
 
@@ -202,6 +215,10 @@ def plan(nodes: Sequence[onnx.NodeProto], ranks: Mapping[str, int], versions: Se
         outputs = 3 if node.op_type == "BatchNormalization" else 1  # (y, running_mean, running_var)
         if not 1 <= len(node.output) <= outputs or not node.output[0] or node.output[0] in pinned or subgraphs(node):
             continue
+        if _to_channels_last(node, held):  # the held tensor is already what it gives
+            planned.add(index)
+            known[node.output[0]] = held[node.input[0]]
+            continue
         rank = _planned_rank(node, version, held, known)
         if rank is not None:
             planned.add(index)
@@ -212,12 +229,30 @@ def plan(nodes: Sequence[onnx.NodeProto], ranks: Mapping[str, int], versions: Se
     return Plan(frozenset(planned), held, hidden)
 
 
+def _perm(node: onnx.NodeProto) -> list[int] | None:
+    """A ``Transpose``'s ``perm`` (None for another node, or without one: that reverses the axes)."""
+    if node.op_type != "Transpose":
+        return None
+    return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+
+
+def _to_channels_last(node: onnx.NodeProto, held: Mapping[str, int]) -> bool:
+    """A ``Transpose`` of a held tensor to (N, D1, ..., C) (as jax2onnx writes after a Conv, ConvNeXt before
+    its LayerNorm): its output, in ONNX's own layout, is the held value itself."""
+    perm, rank = _perm(node), held.get(node.input[0]) if node.input else None
+    return perm is not None and rank is not None and perm == [0, *range(2, rank), 1]
+
+
 def _planned_rank(node: onnx.NodeProto, version: int, held: Mapping[str, int], known: Mapping[str, int]) -> int | None:
-    """The rank of ``node``'s output if it runs channels-last, else None."""
+    """The rank of ``node``'s output if it runs channels-last (the output held), else None."""
     inputs = [name for name in node.input if name]
     if not inputs:
         return None
     op = node.op_type
+    perm = _perm(node)
+    if perm is not None:  # (N, D1, ..., C) -> (N, C, D1, ...) of a tensor not held: held, it is its input
+        rank = len(perm)
+        return rank if rank >= 3 and perm == [0, rank - 1, *range(1, rank - 1)] and inputs[0] not in held else None
     if op == "Conv":
         kernel = next((list(a.ints) for a in node.attribute if a.name == "kernel_shape" and a.ints), None)
         rank = known.get(node.input[1]) if len(node.input) > 1 else None
