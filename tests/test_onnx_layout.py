@@ -107,9 +107,23 @@ def _convnext_block():
     return model, {"x": RNG.standard_normal((2, 8, 20, 20)).astype(np.float32)}
 
 
+def _dense_block():
+    """DenseNet's and Inception's channel concatenations (axis 1 and -3) of convolutions' outputs."""
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), n("Relu", ["c1"], ["r1"]),
+             n("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             n("Concat", ["r1", "c2"], ["cat"], axis=1),
+             n("Conv", ["cat", "w3"], ["c3"]),
+             n("Concat", ["cat", "c3", "c2"], ["cat2"], axis=-3),
+             n("MaxPool", ["cat2"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+    inits = [_init("w1", 6, 3, 3, 3), _init("w2", 4, 6, 3, 3), _init("w3", 5, 10, 1, 1)]
+    model = _model(nodes, [onnx_info("x", TensorProto.FLOAT, [2, 3, 12, 10])], _outputs("y"), inits)
+    return model, {"x": RNG.standard_normal((2, 3, 12, 10)).astype(np.float32)}
+
+
 @pytest.mark.parametrize("jit", JIT)
 @pytest.mark.parametrize("channels_last", [True, False], ids=["channels_last", "onnx_layout"])
-@pytest.mark.parametrize("build", [_image_net, _sequence_net, _convnext_block])
+@pytest.mark.parametrize("build", [_image_net, _sequence_net, _convnext_block, _dense_block])
 def test_values_match_onnxruntime_in_both_layouts(build, channels_last, jit, monkeypatch):
     ort = pytest.importorskip("onnxruntime")
     if jax.default_backend() != "cpu":
@@ -153,6 +167,13 @@ def test_transposes_into_and_out_of_channels_last_are_the_held_values(monkeypatc
     assert text.count("stablehlo.transpose") == 3
     monkeypatch.setattr(_layout, "active", lambda: False)
     text = jax.jit(graph.as_function(["x"], "y")).lower(feeds["x"]).as_text()
+    assert text.count("stablehlo.transpose") == 2
+
+
+def test_channel_concatenations_stay_channels_last():
+    """Both of the dense block's Concats are planned: the lowered block moves its input and its output only."""
+    model, feeds = _dense_block()
+    text = jax.jit(optkit.onnx.to_graph(model).as_function(["x"], "y")).lower(feeds["x"]).as_text()
     assert text.count("stablehlo.transpose") == 2
 
 
@@ -240,3 +261,14 @@ def test_a_transpose_into_channels_first_of_the_wrong_rank_is_the_operators_erro
                        [onnx_info("y", TensorProto.FLOAT, ["a", "b", "c", "d"])])
     with pytest.raises(ValueError, match="to_nchw"):
         optkit.onnx.prepare(model).run([np.ones((2, 3, 4), np.float32)])
+
+
+def test_a_channel_concatenation_of_mismatched_tensors_is_the_operators_error():
+    """Held tensors whose spatial sizes differ: the Concat's own error, naming the node."""
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w"], ["a"], pads=[1, 1, 1, 1]), n("Conv", ["x", "w"], ["b"]),
+             n("Concat", ["a", "b"], ["y"], axis=1, name="cat0")]
+    model = onnx_model(nodes, [onnx_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+                       [onnx_info("y", TensorProto.FLOAT, [1, 4, 6, 6])], [_init("w", 2, 3, 3, 3)])
+    with pytest.raises(ValueError, match="cat0"):
+        optkit.onnx.prepare(model).run([np.ones((1, 3, 6, 6), np.float32)])

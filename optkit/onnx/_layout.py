@@ -26,6 +26,7 @@ Which nodes are planned (:func:`plan`), from the graph's own nodes, in order:
   ``BatchNormalization`` (9 and later, inference or training) of a held tensor;
 - an element-wise operator of a held tensor whose other operands are held tensors of the same rank or
   have a known rank no larger;
+- a ``Concat`` of held tensors of one rank along the channels (DenseNet, Inception, U-Net);
 - a ``Transpose`` from (N, D1, ..., C) to (N, C, D1, ...) of a tensor not held (its output is held, and
   is its input as it is), and one from (N, C, D1, ...) to (N, D1, ..., C) of a held tensor (its output,
   not held, is the held value as it is): the layout changes that jax2onnx writes around every ``Conv``
@@ -131,6 +132,14 @@ class Plan:
         if node.op_type in _OWN_FORM:
             channels_last = build_channels_last()
             return lambda *values: channels_last(*values) if active() else onnx_form(*values)
+        if node.op_type == "Concat":  # of held tensors along ONNX's channel axis: along their last
+            def concat(*values):
+                shapes = {np.shape(v)[:-1] for v in values}
+                if not active() or len(shapes) != 1:  # (tensors that do not fit: the ONNX form's error)
+                    return onnx_form(*(_first(v) if active() else v for v in values))
+                return jnp.concatenate(values, axis=-1)
+
+            return concat
         if node.op_type == "Transpose":  # into or out of the held layout: the value as it is
             rank = len(_perm(node) or ())
 
@@ -262,6 +271,11 @@ def _planned_rank(node: onnx.NodeProto, version: int, held: Mapping[str, int], k
         return rank
     if op in POOLS:
         return held.get(node.input[0]) if op != "BatchNormalization" or version >= 9 else None
+    if op == "Concat":  # of held tensors of one rank, along the channels
+        ranks = {held.get(name) for name in inputs}
+        axis = next((a.i for a in node.attribute if a.name == "axis"), None)
+        rank = ranks.pop() if len(ranks) == 1 else None
+        return rank if rank is not None and axis is not None and -rank <= axis < rank and axis % rank == 1 else None
     if version < ELEMENTWISE.get(op, 10**9):
         return None
     ranks = {held[name] for name in inputs if name in held}

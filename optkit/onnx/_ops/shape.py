@@ -95,7 +95,12 @@ def _concat(ctx):
         xs = [x for x in xs if x is not None]
         if not xs:
             raise ctx.error("every input is absent (''); Concat needs at least one tensor")
-        return jnp.concatenate(xs, axis=axis_index(ctx, axis, jnp.ndim(xs[0])))
+        a = axis_index(ctx, axis, jnp.ndim(xs[0]))
+        others = {(jnp.ndim(x), *jnp.shape(x)[:a], *jnp.shape(x)[a + 1:]) for x in xs}
+        if len(others) != 1:
+            raise ctx.error(f"the inputs must have one rank and the same sizes except on axis {axis}, got shapes "
+                            f"{[jnp.shape(x) for x in xs]}")
+        return jnp.concatenate(xs, axis=a)
 
     return concat
 
