@@ -102,7 +102,7 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     specs: dict[int, OpSpec] = {}
     quantized = fake_quantization(g.node)
     layout = None if scope.subgraph else _plan_layout(g, declared, scope)
-    moved: dict[str, str] = {}
+    moved: set[str] = set()
     for index, node in enumerate(g.node):
         specs[index], node_captures = _add_node(graph, node, index, inner, quantized.get(index),
                                                 layout if layout and index in layout.nodes else None, moved)
@@ -131,13 +131,13 @@ def _plan_layout(g: onnx.GraphProto, declared: Any, scope: Scope) -> _layout.Pla
 
 def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope,
               quantized_by: onnx.NodeProto | None = None, layout: _layout.Plan | None = None,
-              moved: dict[str, str] | None = None) -> tuple[OpSpec, list[str]]:
+              moved: set[str] | None = None) -> tuple[OpSpec, list[str]]:
     """Build ``node`` from its op-table row and add it to ``graph``; its row, and what its sub-graphs capture.
 
     A ``DequantizeLinear`` of a ``QuantizeLinear``'s output (``quantized_by``) reads the quantized node's input
     instead, as one fake quantization with the straight-through gradient (:mod:`optkit.onnx._ops.quantize`).
     A node the channels-last ``layout`` plans is built in both layouts and reads and writes the held tensors
-    (``moved``: the channels-last copies made so far of tensors that are not held).
+    (``moved``: the tensors not held whose channels-last copies were made so far).
     """
     spec, version, schema = scope.operators.row(node)
     domain = normalize_domain(node.domain)

@@ -91,15 +91,18 @@ class Plan:
       nodes: the planned nodes' indices.
       ranks: each tensor held channels-last (by its ONNX name) and its rank.
       hidden: each held tensor's own name in the :class:`optkit.Graph` (its ONNX name is its ONNX-layout copy).
+      moved: the name of the channels-last copy of each tensor that is not held and that a planned ``Conv``
+        reads as ``X``.
     """
 
     nodes: frozenset[int]
     ranks: Mapping[str, int]
     hidden: Mapping[str, str]
+    moved: Mapping[str, str]
 
-    def inputs(self, graph: Graph, node: onnx.NodeProto, where: str, added: dict[str, str]) -> list[str]:
+    def inputs(self, graph: Graph, node: onnx.NodeProto, where: str, added: set[str]) -> list[str]:
         """The planned ``node``'s input names in ``graph``: held tensors by their own names; a ``Conv``'s ``X``
-        that is not held, moved by a node added the first time (``added`` maps ONNX names to those)."""
+        that is not held, moved by a node added the first time (``added``: the ONNX names moved so far)."""
         if node.op_type in _OWN_FORM:  # X alone: W, B, scale... are read as ONNX lays them out
             names = [self.hidden.get(node.input[0], node.input[0]), *node.input[1:]]
         else:
@@ -107,10 +110,10 @@ class Plan:
         x = node.input[0] if node.input else ""
         if node.op_type == "Conv" and x and x not in self.hidden:
             if x not in added:
-                added[x] = _fresh(f"{x}:channels_last", self.hidden.values(), added.values())
-                graph.add(_mover(x, self.ranks[node.output[0]], where), [x], [added[x]],
+                added.add(x)
+                graph.add(_mover(x, self.ranks[node.output[0]], where), [x], [self.moved[x]],
                           name=f"{where}: X channels-last")
-            names[0] = added[x]
+            names[0] = self.moved[x]
         return names
 
     def outputs(self, node: onnx.NodeProto) -> list[str]:
@@ -179,9 +182,11 @@ def _mover(name: str, rank: int, where: str) -> Callable[[Any], Any]:
     return to_channels_last
 
 
-def _fresh(name: str, *taken: Any) -> str:
-    while any(name in names for names in taken):
+def _fresh(name: str, taken: set[str]) -> str:
+    """``name`` (primed until no tensor has it), taken."""
+    while name in taken:
         name += "'"
+    taken.add(name)
     return name
 
 
@@ -232,10 +237,11 @@ def plan(nodes: Sequence[onnx.NodeProto], ranks: Mapping[str, int], versions: Se
         if rank is not None:
             planned.add(index)
             held[node.output[0]] = known[node.output[0]] = rank
-    hidden: dict[str, str] = {}
-    for name in held:
-        hidden[name] = _fresh(f"{name}:channels_last", names, hidden.values())
-    return Plan(frozenset(planned), held, hidden)
+    taken = set(names)
+    hidden = {name: _fresh(f"{name}:channels_last", taken) for name in held}
+    convs = [nodes[i].input[0] for i in sorted(planned) if nodes[i].op_type == "Conv"]
+    moved = {x: _fresh(f"{x}:channels_last", taken) for x in dict.fromkeys(convs) if x not in held}
+    return Plan(frozenset(planned), held, hidden, moved)
 
 
 def _perm(node: onnx.NodeProto) -> list[int] | None:
