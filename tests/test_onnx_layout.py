@@ -272,3 +272,16 @@ def test_a_channel_concatenation_of_mismatched_tensors_is_the_operators_error():
                        [onnx_info("y", TensorProto.FLOAT, [1, 4, 6, 6])], [_init("w", 2, 3, 3, 3)])
     with pytest.raises(ValueError, match="cat0"):
         optkit.onnx.prepare(model).run([np.ones((1, 3, 6, 6), np.float32)])
+
+
+def test_an_initializer_fed_with_more_axes_than_declared_is_an_error_naming_the_node():
+    """The plan trusts an initializer's rank; a Graph fed a value with more axes for it (to_jax and
+    BackendRep refuse that earlier) is refused too, not broadcast in the wrong layout."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Add", ["c", "bias"], ["y"], name="add0")]
+    model = _model(nodes, [onnx_info("x", TensorProto.FLOAT, [1, 3, 5, 5])], _outputs("y"),
+                   [_init("w", 2, 3, 3, 3), _init("bias", 2, 1, 1)])
+    fn = optkit.onnx.to_graph(model).as_function(["x", "bias"], "y")
+    x = np.ones((1, 3, 5, 5), np.float32)
+    np.testing.assert_allclose(fn(x, np.full((2, 1, 1), 2.0, np.float32)) - fn(x, np.zeros((2, 1, 1), np.float32)), 2.0)
+    with pytest.raises(ValueError, match=r"add0.*'bias'.*\(1, 1, 2, 1, 1\)"):
+        fn(x, np.ones((1, 1, 2, 1, 1), np.float32))

@@ -171,7 +171,8 @@ def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope,
         inputs = [quantized_by.input[0], *inputs[1:]]
     outputs = list(node.output)
     if layout is not None:
-        built = layout.function(node, built, lambda: spec.builder(dataclasses.replace(ctx, channels_last=True)))
+        built = layout.function(node, built, lambda: spec.builder(dataclasses.replace(ctx, channels_last=True)),
+                                ctx.where)
         inputs, outputs = layout.inputs(graph, node, ctx.where, moved), layout.outputs(node)
     extra = list(dict.fromkeys(captures))  # (a captured name that is also a node input comes twice)
     fn = _node_function(built, ctx, spec, schema, len(inputs), extra, scope.limits.max_tensor_bytes)

@@ -129,9 +129,9 @@ class Plan:
                   name=f"{where}: output in ONNX's layout")
 
     def function(self, node: onnx.NodeProto, onnx_form: Callable[..., Any],
-                 build_channels_last: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
+                 build_channels_last: Callable[[], Callable[..., Any]], where: str) -> Callable[..., Any]:
         """The planned node's function of its (renamed) inputs: its channels-last form where :func:`active`,
-        its ONNX form elsewhere."""
+        its ONNX form elsewhere; ``where`` names the node in errors."""
         if node.op_type in _OWN_FORM:
             channels_last = build_channels_last()
             return lambda *values: channels_last(*values) if active() else onnx_form(*values)
@@ -156,6 +156,10 @@ class Plan:
         def elementwise(*values):
             if not active():
                 return onnx_form(*values)
+            for name, value, h in zip(node.input, values, held):
+                if not h and value is not None and np.ndim(value) > rank:  # (an initializer fed another rank)
+                    raise ValueError(f"{where}: input {name!r} of shape {np.shape(value)} has more axes than the "
+                                     f"rank-{rank} tensors it is combined with, which the model declares")
             return onnx_form(*(v if h or v is None else _broadcast_last(v, rank) for v, h in zip(values, held)))
 
         return elementwise
