@@ -64,8 +64,8 @@ ELEMENTWISE: dict[str, int] = {
 }
 # Operators with a channels-last form of their own (NodeContext.channels_last), of a held input X (their first
 # output held; a BatchNormalization's running statistics are per-channel vectors, the same in both layouts).
-POOLS = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization")
-_OWN_FORM = ("Conv", *POOLS)
+OWN_FORM_OF_X = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization")
+_OWN_FORM = ("Conv", *OWN_FORM_OF_X)
 
 
 def active() -> bool:
@@ -279,7 +279,7 @@ def _planned_rank(node: onnx.NodeProto, version: int, held: Mapping[str, int], k
         if rank is None or rank < 3 or held.get(node.input[0], rank) != rank:
             return None
         return rank
-    if op in POOLS:
+    if op in OWN_FORM_OF_X:
         return held.get(node.input[0]) if op != "BatchNormalization" or version >= 9 else None
     if op == "Concat":  # of held tensors of one rank, along the channels
         ranks = {held.get(name) for name in inputs}
