@@ -21,3 +21,18 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def _reruns(item) -> tuple:
+    return getattr(getattr(item, "function", None), "reruns_in_child", ())
+
+
+def pytest_collection_modifyitems(config, items):
+    """In a run that collects tests/test_simulated_devices.py's one child for every 8-device module, drop the
+    modules' own child tests (tests/_devices.py), which would run the same tests again."""
+    everything = [item for item in items if len(_reruns(item)) > 1]
+    covered = {module for item in everything for module in _reruns(item)}
+    dropped = [item for item in items if len(_reruns(item)) == 1 and _reruns(item)[0] in covered]
+    if dropped:
+        items[:] = [item for item in items if item not in dropped]
+        config.hook.pytest_deselected(items=dropped)
