@@ -16,19 +16,28 @@ the machine's cores. Needs torch, torchvision and transformers (not optkit depen
     python -m benchmarks.onnx_speed                         # every model (several minutes on 2 cores)
     python -m benchmarks.onnx_speed --models mobilenet_v3_small --repeats 3
     python -m benchmarks.onnx_speed --overhead              # BackendRep.run's per-call overhead (no torch)
+    python -m benchmarks.onnx_speed --hugepages             # rerun under GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+
+``--hugepages`` starts the benchmark again in a process whose glibc backs large allocations with transparent huge
+pages (glibc 2.35+, THP in ``madvise`` or ``always`` mode): XLA:CPU allocates each call's intermediates afresh and
+the kernel otherwise faults and zeroes them 4 KB at a time (docs: "Speed on CPU"). It applies to ONNX Runtime and
+torch in that process as well; the header line says which allocator setting a table was measured under.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import os
 import statistics
+import sys
 import time
 import warnings
 
 import numpy as np
 
 MODELS = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "bert", "gpt2")
+HUGEPAGES = "glibc.malloc.hugetlb=1"
 
 
 def _build(name: str, batch: int):
@@ -196,13 +205,22 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (default 5)")
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime and torch threads (default 2)")
     parser.add_argument("--overhead", action="store_true", help="only BackendRep.run's per-call overhead")
+    parser.add_argument("--hugepages", action="store_true",
+                        help=f"rerun in a process started with GLIBC_TUNABLES={HUGEPAGES} (large allocations on "
+                             "transparent huge pages)")
     args = parser.parse_args(argv)
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if args.hugepages and HUGEPAGES not in tunables.split(":"):
+        env = {**os.environ, "GLIBC_TUNABLES": ":".join(t for t in (tunables, HUGEPAGES) if t)}
+        rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--hugepages"]
+        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.onnx_speed", *rest], env)
     if args.overhead:
         r = overhead()
         print(f"BackendRep.run: {r['run_us']:.1f} us a call (NumPy outputs), {r['run_device_us']:.1f} us "
               f"(as_numpy=False); the compiled function called directly: {r['direct_us']:.1f} us")
         return
-    print(f"batch {args.batch}, {args.threads} threads for ONNX Runtime and torch, medians of {args.repeats} runs")
+    print(f"batch {args.batch}, {args.threads} threads for ONNX Runtime and torch, medians of {args.repeats} runs, "
+          f"GLIBC_TUNABLES={tunables or '(unset)'}")
     print("| model | inference optkit / ORT | training step optkit / torch (Adam) | "
           "first training step optkit / torch |")
     print("|---|---|---|---|")
