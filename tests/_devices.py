@@ -9,7 +9,7 @@ fails with the child's report), and the module's real tests run there.
 
 When the whole suite runs, ``tests/test_simulated_devices.py`` runs every such
 module in one child instead (one JAX start and one warm compile cache for all:
-69 s against 113 s for three of them apart, on 2 cores), and conftest.py
+76 s against 132 s for the five apart, on 2 cores), and conftest.py
 deselects the modules' own child tests.
 """
 
