@@ -622,6 +622,50 @@ def test_a_large_depthwise_convolution_equals_xla_grouped_convolution_with_its_g
         np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("channels_last", [True, False], ids=["channels_last", "onnx_layout"])
+@pytest.mark.parametrize("attrs, multiplier", [
+    ({"pads": [1, 1, 1, 1]}, 1),
+    ({"strides": [2, 2], "pads": [2, 1, 2, 3], "kernel_shape": [5, 5]}, 1),
+    ({"dilations": [2, 2], "pads": [2, 1, 2, 1]}, 2),
+])
+def test_the_reverse_mode_only_depthwise_gradient_equals_the_analytic_one(attrs, multiplier, channels_last,
+                                                                          monkeypatch):
+    """``to_jax(..., reverse_mode_only=True)``: the shifted-slices depthwise Conv's own derivative (one reduction
+    over the taps for W) gives XLA's grouped convolution's gradients in float64, in both layouts; forward mode
+    is refused by JAX, and stays available without the option."""
+    from optkit.onnx import _layout
+
+    if not channels_last:
+        monkeypatch.setattr(_layout, "active", lambda: False)
+    c, k = 16, attrs.get("kernel_shape", [3, 3])[0]
+    x = RNG.normal(size=(2, c, 96, 96))
+    w = RNG.normal(size=(c * multiplier, 1, k, k))
+    model = _node_model("Conv", {"x": x, "w": w}, {"group": c, **attrs})
+    pads = attrs.get("pads", [0, 0, 0, 0])
+
+    def xla(x, w):
+        return jax.lax.conv_general_dilated(x, w, attrs.get("strides", [1, 1]),
+                                            [(pads[0], pads[2]), (pads[1], pads[3])],
+                                            rhs_dilation=attrs.get("dilations", [1, 1]), feature_group_count=c)
+
+    fast, params = optkit.onnx.to_jax(model, trainable=[], reverse_mode_only=True)
+    plain, _ = optkit.onnx.to_jax(model, trainable=[])
+    with jax.enable_x64(True):
+        cot = RNG.normal(size=np.shape(xla(x, w)))
+        assert np.prod(cot.shape) >= 2**16  # the shifted-slices path
+        for jit in (True, False):
+            grad = jax.grad(lambda x, w: jnp.sum(fast(params, x, w) * cot), argnums=(0, 1))
+            got = (jax.jit(grad) if jit else grad)(x, w)
+            want = jax.grad(lambda x, w: jnp.sum(xla(x, w) * cot), argnums=(0, 1))(x, w)
+            for g, h in zip(got, want):
+                np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(np.asarray(fast(params, x, w)), np.asarray(xla(x, w)), rtol=1e-12, atol=1e-12)
+        with pytest.raises(TypeError, match="forward-mode"):
+            jax.jvp(lambda w: fast(params, x, w), (w,), (w,))
+        _, tangent = jax.jvp(lambda w: plain(params, x, w), (w,), (w,))
+        np.testing.assert_allclose(np.asarray(tangent), np.asarray(xla(x, w)), rtol=1e-10, atol=1e-10)  # linear in w
+
+
 @pytest.mark.xla_structure
 def test_convolutions_compile_to_xlas_own_kernel_on_cpu_unless_a_grouped_one_is_differentiated():
     """On CPU a model's graph is compiled with YNNPACK's convolutions off (XLA's own are faster here,

@@ -29,6 +29,7 @@ from optkit.onnx._errors import ValueDependentError
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits, jax_device
 from optkit.onnx._load import load
+from optkit.onnx._ops.nn import reverse_mode_only
 from optkit.onnx._protos import InputInfo, node_model
 
 __all__ = ["Backend", "BackendRep", "prepare", "run_model", "run_node"]
@@ -63,12 +64,14 @@ def compiler_options(model: onnx.ModelProto | None, device: Any) -> dict[str, An
 
 def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], static: dict[str, np.ndarray],
                    dynamic: tuple[str, ...], *, jit: bool = True, donate: tuple[int, ...] = (),
-                   options: dict[str, Any] | None = None):
+                   options: dict[str, Any] | None = None, reverse_only: bool = False):
     """``f(*values)`` -> the ``outputs`` of ``graph`` fed ``dynamic`` names positionally and ``static`` values as
     constants (the feeds checked by the caller), jitted with the ``donate`` positions donated and the XLA
-    ``options`` (:func:`compiler_options`); made once per ``dynamic`` names, ``donate``, ``options`` and
-    ``static`` values, kept in ``cache``. Shared by :class:`BackendRep` and :class:`~optkit.onnx.OnnxFunction`."""
-    key = (dynamic, donate, tuple(sorted((options or {}).items())),
+    ``options`` (:func:`compiler_options`), traced for reverse-mode differentiation only if ``reverse_only``
+    (``to_jax``'s ``reverse_mode_only``); made once per ``dynamic`` names, ``donate``, ``options``,
+    ``reverse_only`` and ``static`` values, kept in ``cache``. Shared by :class:`BackendRep` and
+    :class:`~optkit.onnx.OnnxFunction`."""
+    key = (dynamic, donate, tuple(sorted((options or {}).items())), reverse_only,
            tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
     fn = cache.get(key)
     if fn is None:
@@ -77,7 +80,8 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
         def run(*values):
             feeds = dict(zip(dynamic, values))
             feeds.update(static)
-            result = graph.evaluate(feeds, outputs, check_feeds=False)
+            with reverse_mode_only(reverse_only):
+                result = graph.evaluate(feeds, outputs, check_feeds=False)
             return tuple(result[name] for name in outputs)
 
         fn = cache[key] = jax.jit(run, donate_argnums=donate, compiler_options=options) if jit else run

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -234,6 +237,60 @@ def _depthwise(x, w, strides, dilations, channels_last=False):
     return total
 
 
+# True while a graph traced for reverse-mode differentiation only is evaluated (to_jax(..., reverse_mode_only=True)):
+# the shifted-slices depthwise convolutions then take _depthwise_reverse's derivative.
+_REVERSE_MODE_ONLY = contextvars.ContextVar("optkit_onnx_reverse_mode_only", default=False)
+
+
+@contextlib.contextmanager
+def reverse_mode_only(enabled: bool):
+    """Within this block, graphs are traced for first-order reverse-mode differentiation only (or not, if not
+    ``enabled``)."""
+    token = _REVERSE_MODE_ONLY.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _REVERSE_MODE_ONLY.reset(token)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _depthwise_reverse(x, w, strides, dilations, channels_last):
+    """:func:`_depthwise` with a derivative for reverse mode only, whose weight gradient is one variadic reduction
+    over the kernel's taps: XLA:CPU does not fuse the one reduction per tap that JAX's own derivative makes
+    (mobilenet_v3_small's training step 241 -> 175 ms; benchmarks/RESULTS.md). Forward mode (``jax.jvp``) and
+    second derivatives of it raise."""
+    return _depthwise(x, w, strides, dilations, channels_last)
+
+
+def _depthwise_reverse_fwd(x, w, strides, dilations, channels_last):
+    return _depthwise(x, w, strides, dilations, channels_last), (x, w)
+
+
+def _depthwise_reverse_bwd(strides, dilations, channels_last, residuals, g):
+    x, w = residuals
+    _, input_vjp = jax.vjp(lambda x: _depthwise(x, w, strides, dilations, channels_last), x)
+    (dx,) = input_vjp(g)
+    ndim = jnp.ndim(x)
+    channel_axis = ndim - 1 if channels_last else 1
+    multiplier = jnp.shape(w)[0] // jnp.shape(x)[channel_axis]
+    if multiplier > 1:  # output channel c * m + j reads input channel c
+        x = jnp.repeat(x, multiplier, axis=channel_axis)
+    out = logical_shape(jnp.shape(g), channels_last)[2:]
+    products = []
+    for offset in itertools.product(*(range(k) for k in jnp.shape(w)[2:])):
+        begin = [o * d for o, d in zip(offset, dilations)]
+        limit = with_spatial(jnp.shape(x), channels_last, [b + (n - 1) * s + 1 for b, n, s in zip(begin, out, strides)])
+        tap = lax.slice(x, spatial(ndim, channels_last, begin, 0), limit, spatial(ndim, channels_last, strides, 1))
+        products.append(tap * g)
+    zero = jnp.zeros((), products[0].dtype)
+    sums = lax.reduce(tuple(products), (zero,) * len(products), lambda a, b: tuple(p + q for p, q in zip(a, b)),
+                      tuple(axis for axis in range(ndim) if axis != channel_axis))
+    return dx, jnp.reshape(jnp.stack(sums, axis=-1), jnp.shape(w)).astype(jnp.result_type(w))
+
+
+_depthwise_reverse.defvjp(_depthwise_reverse_fwd, _depthwise_reverse_bwd)
+
+
 @OPS.op("Conv", 1, 11, 22)
 def _conv(ctx):
     group = int(ctx.attrs.get("group", 1))
@@ -275,8 +332,9 @@ def _conv(ctx):
 
         def convolve(core, pads, _):
             if depthwise:
-                return _depthwise(jnp.pad(core, spatial(n + 2, ctx.channels_last, pads, (0, 0))), w, strides,
-                                  dilations, ctx.channels_last)
+                shifted = _depthwise_reverse if _REVERSE_MODE_ONLY.get() else _depthwise
+                return shifted(jnp.pad(core, spatial(n + 2, ctx.channels_last, pads, (0, 0))), w, tuple(strides),
+                               tuple(dilations), ctx.channels_last)
             return lax.conv_general_dilated(core, w, window_strides=strides, padding=pads, rhs_dilation=dilations,
                                             feature_group_count=group, dimension_numbers=numbers)
 
