@@ -666,6 +666,21 @@ def test_the_reverse_mode_only_depthwise_gradient_equals_the_analytic_one(attrs,
         np.testing.assert_allclose(np.asarray(tangent), np.asarray(xla(x, w)), rtol=1e-10, atol=1e-10)  # linear in w
 
 
+def test_an_nnx_module_takes_the_reverse_mode_only_option():
+    """``OnnxModule(model, reverse_mode_only=True)`` passes it to ``to_jax``: the same gradients in ``nnx``."""
+    from flax import nnx
+
+    x = RNG.normal(size=(2, 16, 96, 96)).astype(np.float32)
+    model = _node_model("Conv", {"x": x}, {"group": 16, "pads": [1, 1, 1, 1]},
+                        initializers=[("w", RNG.normal(size=(16, 1, 3, 3)).astype(np.float32))])
+    grads = []
+    for option in (True, False):
+        module = optkit.onnx.OnnxModule(model, reverse_mode_only=option)
+        assert module.apply_fn._reverse_only is option
+        grads.append(nnx.grad(lambda m: jnp.mean(m(x) ** 2))(module)["params"]["w"][...])
+    np.testing.assert_allclose(np.asarray(grads[0]), np.asarray(grads[1]), rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.xla_structure
 def test_convolutions_compile_to_xlas_own_kernel_on_cpu_unless_a_grouped_one_is_differentiated():
     """On CPU a model's graph is compiled with YNNPACK's convolutions off (XLA's own are faster here,

@@ -36,7 +36,8 @@ class OnnxModule(nnx.Module):
         under ``jax.set_mesh(mesh)`` the values are placed so at construction
         (without a mesh the names are metadata only).
       kwargs: ``base_dir``, ``max_tensor_bytes``, ``max_gradient_depth``,
-        ``max_gradient_passes``, as :func:`prepare`.
+        ``max_gradient_passes``, as :func:`prepare`; ``reverse_mode_only``, as
+        :func:`to_jax`.
 
     Attributes:
       params: an ``nnx.Dict`` from initializer name to ``nnx.Param`` (shape and
