@@ -211,8 +211,8 @@ def to_jax(
         only (``jax.grad``, ``jax.value_and_grad``, ``jax.vjp``; first
         derivatives): on CPU its large depthwise convolutions then take a
         derivative whose weight gradient is one fused reduction over the
-        kernel's taps (MobileNetV3-Small's training step 241 -> 175 ms,
-        EfficientNet-B0's 1193 -> 896 ms, batch 8 on 2 cores; docs "Speed on
+        kernel's taps (MobileNetV3-Small's training step 194 -> 122 ms,
+        EfficientNet-B0's 1088 -> 794 ms, batch 8 on 2 cores; docs "Speed on
         CPU"). ``jax.jvp``, ``jax.jacfwd``, Hessians and second derivatives
         through those convolutions then raise. Default False: every JAX
         transformation works.

@@ -257,7 +257,7 @@ def reverse_mode_only(enabled: bool):
 def _depthwise_reverse(x, w, strides, dilations, channels_last):
     """:func:`_depthwise` with a derivative for reverse mode only, whose weight gradient is one variadic reduction
     over the kernel's taps: XLA:CPU does not fuse the one reduction per tap that JAX's own derivative makes
-    (mobilenet_v3_small's training step 241 -> 175 ms; benchmarks/RESULTS.md). Forward mode (``jax.jvp``) and
+    (mobilenet_v3_small's training step 194 -> 122 ms; benchmarks/RESULTS.md). Forward mode (``jax.jvp``) and
     second derivatives of it raise."""
     return _depthwise(x, w, strides, dilations, channels_last)
 
