@@ -218,23 +218,30 @@ def _depthwise(x, w, strides, dilations, channels_last=False):
     this 0.3 ms (the gradient 173 ms and 44 ms); but it compiles about 1 s slower per layer with its gradient,
     so small outputs (below ``_SHIFTED_MIN`` elements, where both run in well under a millisecond) keep XLA's
     convolution (benchmarks/RESULTS.md)."""
-    kernel = jnp.shape(w)[2:]
-    ndim = jnp.ndim(x)
-    channel_axis = ndim - 1 if channels_last else 1
-    multiplier = jnp.shape(w)[0] // jnp.shape(x)[channel_axis]
-    if multiplier > 1:  # output channel c * m + j reads input channel c
-        x = jnp.repeat(x, multiplier, axis=channel_axis)
-    sizes = logical_shape(jnp.shape(x), channels_last)[2:]
-    out = [(size - (k - 1) * d - 1) // s + 1 for size, k, d, s in zip(sizes, kernel, dilations, strides)]
     total = None
-    for offset in itertools.product(*(range(k) for k in kernel)):
-        begin = [o * d for o, d in zip(offset, dilations)]
-        start = spatial(ndim, channels_last, begin, 0)
-        limit = with_spatial(jnp.shape(x), channels_last, [b + (n - 1) * s + 1 for b, n, s in zip(begin, out, strides)])
-        term = lax.slice(x, start, limit, spatial(ndim, channels_last, strides, 1)) * jnp.reshape(
-            w[(slice(None), 0, *offset)], per_channel(ndim, channels_last))
+    for offset, tap in _taps(x, jnp.shape(w), strides, dilations, channels_last):
+        term = tap * jnp.reshape(w[(slice(None), 0, *offset)], per_channel(jnp.ndim(x), channels_last))
         total = term if total is None else total + term
     return total
+
+
+def _taps(x, w_shape, strides, dilations, channels_last):
+    """``(offset, slice)`` for each offset of the kernel (row-major): the shifted, strided slice of ``x`` that it
+    multiplies in a VALID depthwise convolution, ``x``'s channels repeated by the depth multiplier (output channel
+    c * m + j reads input channel c); each slice has the output's shape."""
+    ndim = jnp.ndim(x)
+    channel_axis = ndim - 1 if channels_last else 1
+    multiplier = w_shape[0] // jnp.shape(x)[channel_axis]
+    if multiplier > 1:
+        x = jnp.repeat(x, multiplier, axis=channel_axis)
+    kernel = w_shape[2:]
+    sizes = logical_shape(jnp.shape(x), channels_last)[2:]
+    out = [(size - (k - 1) * d - 1) // s + 1 for size, k, d, s in zip(sizes, kernel, dilations, strides)]
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        begin = [o * d for o, d in zip(offset, dilations)]
+        limit = with_spatial(jnp.shape(x), channels_last, [b + (n - 1) * s + 1 for b, n, s in zip(begin, out, strides)])
+        start, step = spatial(ndim, channels_last, begin, 0), spatial(ndim, channels_last, strides, 1)
+        yield offset, lax.slice(x, start, limit, step)
 
 
 # True while a graph traced for reverse-mode differentiation only is evaluated (to_jax(..., reverse_mode_only=True)):
@@ -270,21 +277,11 @@ def _depthwise_reverse_bwd(strides, dilations, channels_last, residuals, g):
     x, w = residuals
     _, input_vjp = jax.vjp(lambda x: _depthwise(x, w, strides, dilations, channels_last), x)
     (dx,) = input_vjp(g)
-    ndim = jnp.ndim(x)
-    channel_axis = ndim - 1 if channels_last else 1
-    multiplier = jnp.shape(w)[0] // jnp.shape(x)[channel_axis]
-    if multiplier > 1:  # output channel c * m + j reads input channel c
-        x = jnp.repeat(x, multiplier, axis=channel_axis)
-    out = logical_shape(jnp.shape(g), channels_last)[2:]
-    products = []
-    for offset in itertools.product(*(range(k) for k in jnp.shape(w)[2:])):
-        begin = [o * d for o, d in zip(offset, dilations)]
-        limit = with_spatial(jnp.shape(x), channels_last, [b + (n - 1) * s + 1 for b, n, s in zip(begin, out, strides)])
-        tap = lax.slice(x, spatial(ndim, channels_last, begin, 0), limit, spatial(ndim, channels_last, strides, 1))
-        products.append(tap * g)
+    products = tuple(tap * g for _, tap in _taps(x, jnp.shape(w), strides, dilations, channels_last))
     zero = jnp.zeros((), products[0].dtype)
-    sums = lax.reduce(tuple(products), (zero,) * len(products), lambda a, b: tuple(p + q for p, q in zip(a, b)),
-                      tuple(axis for axis in range(ndim) if axis != channel_axis))
+    channel_axis = jnp.ndim(g) - 1 if channels_last else 1
+    sums = lax.reduce(products, (zero,) * len(products), lambda a, b: tuple(p + q for p, q in zip(a, b)),
+                      tuple(axis for axis in range(jnp.ndim(g)) if axis != channel_axis))
     return dx, jnp.reshape(jnp.stack(sums, axis=-1), jnp.shape(w)).astype(jnp.result_type(w))
 
 
