@@ -666,6 +666,22 @@ def test_the_reverse_mode_only_depthwise_gradient_equals_the_analytic_one(attrs,
         np.testing.assert_allclose(np.asarray(tangent), np.asarray(xla(x, w)), rtol=1e-10, atol=1e-10)  # linear in w
 
 
+def test_reverse_over_reverse_through_the_reverse_mode_only_depthwise_gradient():
+    """``jax.grad`` of ``jax.grad`` through the custom VJP (JAX differentiates its variadic reduction) equals the
+    default form's, in float64."""
+    x = RNG.normal(size=(4, 8, 96, 96))
+    model = _node_model("Conv", {"x": x}, {"group": 8, "pads": [1, 1, 1, 1], "strides": [2, 2]},
+                        initializers=[("w", RNG.normal(size=(8, 1, 3, 3)))])
+    got = []
+    with jax.enable_x64(True):
+        for option in (True, False):
+            fn, params = optkit.onnx.to_jax(model, reverse_mode_only=option)
+            assert np.prod(np.shape(fn(params, x))) >= 2**16  # the shifted-slices path
+            inner = jax.grad(lambda p, fn=fn: jnp.sum(jnp.tanh(fn(p, x)) ** 2))
+            got.append(np.asarray(jax.grad(lambda p, inner=inner: jnp.sum(inner(p)["w"] ** 2))(params)["w"]))
+    np.testing.assert_allclose(got[0], got[1], rtol=1e-10, atol=1e-12)
+
+
 def test_an_nnx_module_takes_the_reverse_mode_only_option():
     """``OnnxModule(model, reverse_mode_only=True)`` passes it to ``to_jax``: the same gradients in ``nnx``."""
     from flax import nnx

@@ -208,14 +208,14 @@ def to_jax(
         for a model with one output).
       base_dir, max_tensor_bytes, max_gradient_depth, max_gradient_passes: as :func:`prepare`.
       reverse_mode_only: True to differentiate ``apply_fn`` in reverse mode
-        only (``jax.grad``, ``jax.value_and_grad``, ``jax.vjp``; first
-        derivatives): on CPU its large depthwise convolutions then take a
+        only (``jax.grad``, ``jax.value_and_grad``, ``jax.vjp``): on CPU its large depthwise convolutions then take a
         derivative whose weight gradient is one fused reduction over the
         kernel's taps (MobileNetV3-Small's training step 194 -> 122 ms,
         EfficientNet-B0's 1088 -> 794 ms, batch 8 on 2 cores; docs "Speed on
-        CPU"). ``jax.jvp``, ``jax.jacfwd``, Hessians and second derivatives
-        through those convolutions then raise. Default False: every JAX
-        transformation works.
+        CPU"). Forward mode through those convolutions (``jax.jvp``,
+        ``jax.jacfwd``, ``jax.hessian``) then raises JAX's TypeError; reverse
+        over reverse (``jax.grad`` of ``jax.grad``) still works. Default
+        False: every JAX transformation works.
 
     Returns:
       ``(apply_fn, params)``.

@@ -251,8 +251,7 @@ _REVERSE_MODE_ONLY = contextvars.ContextVar("optkit_onnx_reverse_mode_only", def
 
 @contextlib.contextmanager
 def reverse_mode_only(enabled: bool):
-    """Within this block, graphs are traced for first-order reverse-mode differentiation only (or not, if not
-    ``enabled``)."""
+    """Within this block, graphs are traced for reverse-mode differentiation only (or not, if not ``enabled``)."""
     token = _REVERSE_MODE_ONLY.set(bool(enabled))
     try:
         yield
@@ -264,8 +263,8 @@ def reverse_mode_only(enabled: bool):
 def _depthwise_reverse(x, w, strides, dilations, channels_last):
     """:func:`_depthwise` with a derivative for reverse mode only, whose weight gradient is one variadic reduction
     over the kernel's taps: XLA:CPU does not fuse the one reduction per tap that JAX's own derivative makes
-    (mobilenet_v3_small's training step 194 -> 122 ms; benchmarks/RESULTS.md). Forward mode (``jax.jvp``) and
-    second derivatives of it raise."""
+    (mobilenet_v3_small's training step 194 -> 122 ms; benchmarks/RESULTS.md). Forward mode (``jax.jvp``) of it
+    raises; reverse over reverse differentiates the backward pass (JAX differentiates the variadic reduction)."""
     return _depthwise(x, w, strides, dilations, channels_last)
 
 
