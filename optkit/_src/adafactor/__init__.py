@@ -6,8 +6,9 @@
 - :mod:`~optkit._src.adafactor.rules`: factor rules (rows, columns, batch axes) by path or logical name;
 - :mod:`~optkit._src.adafactor.state`: the statistics' types, made at ``init``;
 - :mod:`~optkit._src.adafactor.reading`: statistics read back from Flax and Orbax containers;
-- :mod:`~optkit._src.adafactor.transform`: the Optax transformations and the alias;
-- :mod:`~optkit._src.adafactor.t5x`: T5X's Adafactor, its arguments onto the same step.
+- :mod:`~optkit._src.adafactor.engine`: one transformation's init and update, factored as a planner says;
+- :mod:`~optkit._src.adafactor.transform`: the paper's planner, the Optax transformations and the alias;
+- :mod:`~optkit._src.adafactor.t5x`: T5X's planner and Adafactor, its arguments onto the same engine.
 """
 
 from optkit._src.adafactor.factoring import factored_axes

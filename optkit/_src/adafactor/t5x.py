@@ -6,8 +6,8 @@ largest axes of a matrix are factored when the smaller is at least 128, a
 parameter of rank > 2 needs a factor rule, weight decay is not scaled by the
 step size, and it adds ``step_offset``, ``max_parameter_scale``,
 ``weight_decay_rate_lr_exponent``, ``global_norm_clip_threshold`` and
-``skip_nan_updates``. This module maps those arguments onto the shared step
-(:mod:`~optkit._src.adafactor.transform`).
+``skip_nan_updates``. This module maps those arguments onto the engine
+(:class:`~optkit._src.adafactor.engine.Adafactor`) with T5X's factoring planner, :func:`t5x_planner`.
 """
 
 from __future__ import annotations
@@ -22,13 +22,35 @@ from jax.typing import DTypeLike
 
 from optkit._src import hyperparams, trees
 from optkit._src.adafactor import fast
+from optkit._src.adafactor.engine import Adafactor, heuristic
 from optkit._src.adafactor.factoring import check_factoring
-from optkit._src.adafactor.rules import Rules
+from optkit._src.adafactor.rules import HEURISTIC, Plan, Rules, heuristic_plan, plan_of
 from optkit._src.adafactor.state import ScaleByAdafactorState
-from optkit._src.adafactor.transform import _Adafactor
 from optkit._src.numerics import concrete_float
 
 __all__ = ["t5x_adafactor"]
+
+
+def t5x_planner(name: str, rules: Rules, factored: bool, factored_dims: str):
+    """T5X's reading of the factoring options: ``factored=False`` factors nothing (rules ignored); the
+    heuristic (:func:`optkit.factored_axes`) only for rank <= 2, where a rule without a batch axis also falls
+    back to it (T5X logs a warning); a parameter of rank > 2 without a rule is an error. Returns the engine's
+    ``planner(path, shape, names, min_dim) -> Plan``."""
+
+    def planner(path: str, shape: tuple[int, ...], names, min_dim: int | None) -> Plan:
+        if not factored:
+            return heuristic_plan(shape, None)
+        rule = rules.roles(path, len(shape), names) if rules.any else HEURISTIC
+        if rule is None:
+            return heuristic_plan(shape, None)
+        if rule == HEURISTIC or (len(shape) <= 2 and "batch" not in rule):
+            if len(shape) > 2:
+                raise ValueError(f"{name}: the parameter {path!r} of shape {shape} has rank > 2 and needs a "
+                                 f"factor rule (factor_map, or logical_factor_rules with its axes' names)")
+            return heuristic(shape, factored, factored_dims, min_dim)
+        return plan_of(rule, shape, f"{name}: {path!r}")
+
+    return planner
 
 
 def _off_when_zero(value: Any) -> Any:
@@ -214,10 +236,12 @@ def t5x_adafactor(
         params_reason = "weight decay" if decays else None
     options = fast.Options(epsilon1, epsilon2, clipping_threshold, beta1, weight_decay_rate if decays else None,
                            max_parameter_scale)
-    af = _Adafactor("t5x_adafactor", learning_rate=learning_rate, decay_rate=decay_rate, options=options,
-                    rules=rules, factored=factored, factored_dims="largest",
-                    min_dim_size_to_factor=min_dim_size_to_factor, mu_dtype=dtype_momentum, nu_dtype=jnp.float32,
-                    params_reason=params_reason, t5x_factoring=True, decay_by_alpha=False, step_offset=step_offset)
+    offset = None if isinstance(step_offset, int) and step_offset == 0 else step_offset
+    af = Adafactor("t5x_adafactor", planner=t5x_planner("t5x_adafactor", rules, factored, "largest"), rules=rules,
+                   learning_rate=learning_rate, decay_rate=decay_rate, options=options,
+                   min_dim_size_to_factor=min_dim_size_to_factor, mu_dtype=dtype_momentum, nu_dtype=jnp.float32,
+                   params_reason=params_reason, decay_by_alpha=False,
+                   b2_count=None if offset is None else lambda count: count - offset)
     clip_norm = _off_when_zero(global_norm_clip_threshold)
 
     def update_fn(updates, state, params=None):

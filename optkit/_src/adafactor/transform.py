@@ -1,220 +1,43 @@
 """Adafactor as Optax transformations: :func:`scale_by_factored_rms`, :func:`scale_by_adafactor`, :func:`adafactor`.
 
-Each ``update`` reads the state (:mod:`~optkit._src.adafactor.reading`),
-computes the step's scalars ``b2_t`` and ``rho_t`` once per dtype, and runs
-:func:`optkit._src.adafactor.fast.leaf_step` (the paper's algorithm,
-:mod:`~optkit._src.adafactor.paper`) on each leaf.
+Each runs the engine (:class:`~optkit._src.adafactor.engine.Adafactor`) with the paper's factoring planner,
+:func:`paper_planner`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import optax
 from jax.typing import DTypeLike
 
-from optkit._src import flat, hyperparams, sharding, trees
+from optkit._src import hyperparams, trees
 from optkit._src.adafactor import fast
-from optkit._src.adafactor.factoring import check_factoring, concrete_min_dim_size, factored_axes
-from optkit._src.adafactor.reading import read_second_moments
-from optkit._src.adafactor.rules import HEURISTIC, Plan, Rules, heuristic_plan, metadata_names, plan_of
-from optkit._src.adafactor.state import (
-    FactoredSecondMoment,
-    FullSecondMoment,
-    ScaleByAdafactorState,
-    ScaleByFactoredRmsState,
-    init_second_moments,
-)
-from optkit._src.numerics import compute_dtype, is_concrete_positive, per_dtype
+from optkit._src.adafactor.engine import Adafactor, heuristic
+from optkit._src.adafactor.factoring import check_factoring
+from optkit._src.adafactor.rules import HEURISTIC, Plan, Rules, heuristic_plan, plan_of
+from optkit._src.adafactor.state import ScaleByFactoredRmsState
 
 __all__ = ["scale_by_factored_rms", "scale_by_adafactor", "adafactor"]
 
 
-def _b2(count, decay_rate, dtype):
-    """``b2_t = 1 - t^(-decay_rate)`` with ``t = count + 1``, in ``dtype`` (so ``b2_1 = 0``)."""
-    t = count.astype(dtype) + 1  # in dtype: count + 1 in int32 wraps to -2^31 at the last count
-    return 1 - t ** (-jnp.asarray(decay_rate, dtype))
+def paper_planner(name: str, rules: Rules, factored: bool, factored_dims: str):
+    """The paper's factoring, as :func:`adafactor` documents it: a factor rule applied as given at every rank
+    (``"heuristic"`` or no rules: :func:`optkit.factored_axes`); ``factored=False`` keeps every rule's batch
+    axes and factors nothing. Returns the engine's ``planner(path, shape, names, min_dim) -> Plan``."""
 
-
-def _step_scalars(count, learning_rate, decay_rate, step_offset=0):
-    """The step's ``(b2_t, lr_t)`` per dtype, for the update with ``t = count + 1``: computed once per step.
-
-    ``lr_t`` is ``rho_t = min(1e-2, 1/sqrt(t))`` when ``learning_rate`` is None
-    (SPEC 5), ``schedule(count)`` for an Optax schedule (called once, with the
-    number of updates already made, as ``optax.scale_by_learning_rate`` calls
-    it), or the number itself. Returns ``dtype -> (b2_t, lr_t)``, memoized.
-    """
-    value = learning_rate(count) if callable(learning_rate) else learning_rate
-
-    def scalars(dtype):
-        b2 = _b2(count if isinstance(step_offset, int) and step_offset == 0 else count - step_offset,
-                 decay_rate, dtype)
-        if value is None:
-            t = count.astype(dtype) + 1
-            return b2, jnp.minimum(jnp.asarray(1e-2, dtype), 1 / jnp.sqrt(t))
-        return b2, jnp.asarray(value).astype(dtype)
-
-    return per_dtype(scalars)
-
-
-class _Adafactor:
-    """One Adafactor transformation's options, and its init and update (shared by every public form).
-
-    ``t5x_factoring`` is T5X's reading of the factoring options
-    (:func:`~optkit._src.adafactor.t5x.t5x_adafactor`): the heuristic only for
-    rank <= 2, a rule of rank <= 2 without a batch axis falls back to it,
-    ``factored=False`` ignores the rules. What else only T5X does is its
-    own: the step's options (``fast.Options``' parameter-scale ceiling,
-    ``decay_by_alpha=False``: weight decay not scaled by the step size) and the transformations around
-    this step in ``t5x.py`` (global-norm clipping, skipping NaN elements).
-    """
-
-    def __init__(self, name, *, learning_rate, decay_rate, options: fast.Options, rules: Rules, factored,
-                 factored_dims, min_dim_size_to_factor, mu_dtype, nu_dtype, params_reason,
-                 t5x_factoring: bool = False, decay_by_alpha: bool = True, step_offset=0):
-        self.name = name
-        self.learning_rate = learning_rate
-        self.decay_rate = decay_rate
-        self.options = options
-        self.rules = rules
-        self.factored, self.factored_dims, self.min_dim = factored, factored_dims, min_dim_size_to_factor
-        self.mu_dtype, self.nu_dtype = mu_dtype, nu_dtype
-        self.params_reason = params_reason
-        self.guard = not is_concrete_positive(options.eps1)
-        self.t5x_factoring, self.decay_by_alpha, self.step_offset = t5x_factoring, decay_by_alpha, step_offset
-
-    def _heuristic(self, path: str, shape: tuple[int, ...], min_dim: int | None) -> Plan:
-        if self.t5x_factoring and len(shape) > 2:
-            raise ValueError(f"{self.name}: the parameter {path!r} of shape {shape} has rank > 2 and needs a "
-                             f"factor rule (factor_map, or logical_factor_rules with its axes' names)")
-        if min_dim is None:  # at update: the statistics' shapes say whether init factored it
-            return heuristic_plan(shape, factored_axes(shape, factored=True, factored_dims=self.factored_dims))
-        return heuristic_plan(shape, factored_axes(shape, factored=self.factored, factored_dims=self.factored_dims,
-                                                   min_dim_size_to_factor=min_dim))
-
-    def plan(self, path: str, shape: tuple[int, ...], names=None, min_dim: int | None = None) -> Plan:
-        """How the parameter at ``path`` is factored (``min_dim`` None: at update, before the statistics say)."""
-        if self.t5x_factoring and not self.factored:
-            return heuristic_plan(shape, None)
-        rule = self.rules.roles(path, len(shape), names) if self.rules.any else HEURISTIC
+    def planner(path: str, shape: tuple[int, ...], names, min_dim: int | None) -> Plan:
+        rule = rules.roles(path, len(shape), names) if rules.any else HEURISTIC
         if rule is None:
             return heuristic_plan(shape, None)
-        if rule == HEURISTIC or (self.t5x_factoring and len(shape) <= 2 and "batch" not in rule):
-            return self._heuristic(path, shape, min_dim)  # (T5X falls back to it for rank <= 2 and logs a warning)
-        if not self.factored:
+        if rule == HEURISTIC:
+            return heuristic(shape, factored, factored_dims, min_dim)
+        if not factored:
             rule = tuple("none" if r in ("row", "column") else r for r in rule)
-        return plan_of(rule, shape, f"{self.name}: {path!r}")
+        return plan_of(rule, shape, f"{name}: {path!r}")
 
-    def init_nu(self, params):
-        flat.refuse_flat(params, self.name)
-        trees.check_floating(params, "params")
-        min_dim = concrete_min_dim_size(self.min_dim)
-        return init_second_moments(
-            params, lambda path, shape, box: self.plan(path, shape, metadata_names(box), min_dim), self.nu_dtype)
-
-    def _plan_at_update(self, path: str, shape: tuple[int, ...], node) -> Plan:
-        roles = type(node).roles
-        plan = plan_of(roles, shape, f"{self.name}: {path!r}") if roles is not None else self.plan(path, shape)
-        return plan if plan.factored == isinstance(node, FactoredSecondMoment) else plan.unfactored()
-
-    def _expected(self, path: str, shape: tuple[int, ...], node):
-        plan = self._plan_at_update(path, shape, node)
-        return (plan.stat_shape("column"), plan.stat_shape("row")) if plan.factored else None
-
-    def init_state(self, params, *, with_mu: bool) -> ScaleByAdafactorState:
-        """A fresh :class:`ScaleByAdafactorState`: count 0, zero statistics, a zero first moment if ``with_mu``."""
-        mu = sharding.tree_zeros_like(params, self.mu_dtype) if with_mu else None
-        return ScaleByAdafactorState(count=jnp.zeros([], jnp.int32), nu=self.init_nu(params), mu=mu)
-
-    def update_state(self, updates, state, params, options=None):
-        """``(updates, new state)`` from a :class:`ScaleByAdafactorState` (checked)."""
-        state = trees.check_state(state, ScaleByAdafactorState, self.name)
-        hyperparams.check_count(state.count, self.name)
-        new_updates, nu, mu = self.step(updates, state.count, state.nu, state.mu, params, options)
-        return new_updates, ScaleByAdafactorState(optax.safe_increment(state.count), nu, mu)
-
-    def step(self, updates, count, nu, mu, params, options=None):
-        """``(updates, new nu, new mu)`` for the update with ``t = count + 1`` (``options``: this step's, if
-        they differ from the transformation's)."""
-        flat.refuse_flat(updates, self.name)
-        trees.check_floating(updates, "updates")
-        nodes, write_nu = read_second_moments(nu, updates, self._expected, self.name)
-        if self.options.b1 is not None:
-            if mu is None:
-                raise ValueError("state.mu is None but b1 is set: the state was made with b1=None")
-            trees.check_same_shapes(mu, updates, "state.mu", "updates")
-        if params is None:
-            if self.params_reason is not None and nodes:  # an empty tree has nothing to scale
-                trees.check_params_given(params, "adafactor", self.params_reason)
-        else:
-            trees.check_params(params, updates)
-        treedef = jax.tree.structure(updates)
-        grads = treedef.flatten_up_to(updates)
-        paths = [trees.keystr(path, "/") for path, _ in sharding.leaves_with_paths(updates)]
-        xs = [None] * len(grads) if params is None else treedef.flatten_up_to(params)
-        mus = [None] * len(grads) if mu is None else treedef.flatten_up_to(mu)
-        scalars = _step_scalars(count, self.learning_rate, self.decay_rate, self.step_offset)
-        options = self.options if options is None else options
-        if options.b1 is not None:  # a traced b1 outside [0, 1) gives NaN updates, never silent ones
-            options = options._replace(b1=hyperparams.nan_unless_decays(jnp.asarray(options.b1), options.b1))
-        new_updates, new_nu, new_mu = [], [], []
-        for path, g, node, x, m in zip(paths, grads, nodes, xs, mus):
-            g = jnp.asarray(g)
-            x = None if x is None else jnp.asarray(x)
-            # A leaf runs in the promotion of its gradient's, statistics', parameter's and first moment's dtypes
-            # with float32; every result is stored back in its own dtype.
-            dtype = compute_dtype(g.dtype, *(leaf.dtype for leaf in node), None if x is None else x.dtype,
-                                  None if m is None else m.dtype)
-            plan = self._plan_at_update(path, g.shape, node)
-            g_, x_, m_, node_ = (None if a is None else _to_step(a, plan) for a in (g, x, m, node))
-            split = plan.factored and any(sharding.may_be_split(a) for a in (g, *node))
-            b2, lr = scalars(dtype)
-            update, nu_leaf, m_new = fast.leaf_step(
-                g_, x_, node_, m_, axes=plan.axes, b2=b2, lr=lr, options=options,
-                multiply_by_parameter_scale=self.rules.multiply_by_parameter_scale(path), guard=self.guard,
-                dtype=dtype, split=split, batch_ndim=plan.batch_ndim,
-                decay_by_alpha=self.decay_by_alpha)
-            update, m_new, nu_leaf = (None if a is None else _from_step(a, plan) for a in (update, m_new, nu_leaf))
-            nu_leaf = type(node)(*(a.astype(b.dtype) for a, b in zip(nu_leaf, node)))
-            new_updates.append(update.astype(g.dtype if x is None else x.dtype))
-            new_nu.append(nu_leaf)
-            if m_new is not None:
-                new_mu.append(m_new.astype(m.dtype))
-        mu = None if self.options.b1 is None else treedef.unflatten(new_mu)
-        return treedef.unflatten(new_updates), write_nu(new_nu), mu
-
-
-def _to_step(a, plan: Plan):
-    """A parameter-shaped array, or a statistics node, in the step's layout (batch, whole, rows, columns)."""
-    if plan.in_place:
-        return a
-    if isinstance(a, FactoredSecondMoment):
-        return FactoredSecondMoment(
-            jnp.transpose(a.v_row, plan.stat_perm("column")).reshape(plan.stat_step_shape("column")),
-            jnp.transpose(a.v_col, plan.stat_perm("row")).reshape(plan.stat_step_shape("row")))
-    if isinstance(a, FullSecondMoment):
-        return FullSecondMoment(_to_step(a.v, plan))
-    return jnp.transpose(a, plan.perm).reshape(plan.shape)
-
-
-def _from_step(a, plan: Plan):
-    """The inverse of :func:`_to_step`."""
-    if plan.in_place:
-        return a
-
-    def back(x, dropped):
-        kept = [axis for axis in plan.perm if plan.roles[axis] != dropped]
-        x = x.reshape(tuple(plan.param_shape[axis] for axis in kept))
-        order = sorted(range(len(kept)), key=lambda i: kept[i])  # the stored order: the parameter's
-        return jnp.transpose(x, order)
-
-    if isinstance(a, FactoredSecondMoment):
-        return FactoredSecondMoment(back(a.v_row, "column"), back(a.v_col, "row"))
-    if isinstance(a, FullSecondMoment):
-        return FullSecondMoment(_from_step(a.v, plan))
-    return back(a, None)
+    return planner
 
 
 def _check_nu(decay_rate, eps1, factored, factored_dims, min_dim_size_to_factor, nu_dtype):
@@ -299,10 +122,10 @@ def scale_by_factored_rms(
     rules = Rules(factor_map=factor_map, logical_factor_rules=logical_factor_rules,
                   param_logical_axes=param_logical_axes, multiply_by_parameter_scale=False)
     # U_t alone: the Adafactor step with a unit step size, no parameter scale, no clipping.
-    af = _Adafactor("scale_by_factored_rms", learning_rate=1, decay_rate=decay_rate,
-                    options=fast.Options(eps1, None, None, None, None), rules=rules, factored=factored,
-                    factored_dims=factored_dims, min_dim_size_to_factor=min_dim_size_to_factor,
-                    mu_dtype=None, nu_dtype=nu_dtype, params_reason=None)
+    planner = paper_planner("scale_by_factored_rms", rules, factored, factored_dims)
+    af = Adafactor("scale_by_factored_rms", planner=planner, rules=rules, learning_rate=1, decay_rate=decay_rate,
+                   options=fast.Options(eps1, None, None, None, None),
+                   min_dim_size_to_factor=min_dim_size_to_factor, mu_dtype=None, nu_dtype=nu_dtype, params_reason=None)
 
     def init_fn(params):
         return ScaleByFactoredRmsState(count=jnp.zeros([], jnp.int32), nu=af.init_nu(params))
@@ -406,10 +229,10 @@ def scale_by_adafactor(
     rules = Rules(factor_map=factor_map, logical_factor_rules=logical_factor_rules,
                   param_logical_axes=param_logical_axes,
                   multiply_by_parameter_scale=bool(multiply_by_parameter_scale))
-    af = _Adafactor("scale_by_adafactor", learning_rate=learning_rate, decay_rate=decay_rate, options=options,
-                    rules=rules, factored=factored, factored_dims=factored_dims,
-                    min_dim_size_to_factor=min_dim_size_to_factor, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
-                    params_reason=params_reason)
+    af = Adafactor("scale_by_adafactor", planner=paper_planner("scale_by_adafactor", rules, factored, factored_dims),
+                   rules=rules, learning_rate=learning_rate, decay_rate=decay_rate, options=options,
+                   min_dim_size_to_factor=min_dim_size_to_factor, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
+                   params_reason=params_reason)
 
     return optax.GradientTransformation(lambda params: af.init_state(params, with_mu=b1 is not None),
                                         lambda updates, state, params=None: af.update_state(updates, state, params))
