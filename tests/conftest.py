@@ -3,6 +3,8 @@
 
 import os
 
+import jax
+import pytest
 from hypothesis import HealthCheck, settings
 
 # JAX traces and compiles on first call, so a single example can take far longer
@@ -36,3 +38,14 @@ def pytest_collection_modifyitems(config, items):
     if dropped:
         items[:] = [item for item in items if item not in dropped]
         config.hook.pytest_deselected(items=dropped)
+
+
+@pytest.fixture(autouse=True)
+def _x64_marked(request):
+    """A test marked ``x64`` (ONNX's INT64 and DOUBLE as ONNX's own types) runs as a caller with JAX's 64-bit
+    mode on; every other test runs in JAX's default mode, as users do."""
+    if request.node.get_closest_marker("x64") is None:
+        yield
+        return
+    with jax.enable_x64(True):
+        yield

@@ -27,6 +27,9 @@ import onnx.backend.test.loader  # noqa: E402
 import optkit.onnx  # noqa: E402
 from optkit.onnx._errors import ValueDependentError  # noqa: E402
 
+# ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.
+pytestmark = pytest.mark.x64
+
 CASES = tuple(line.strip() for line in (pathlib.Path(__file__).parent / "onnx_backend_cases.txt").read_text()
               .splitlines() if line.strip() and not line.startswith("#"))
 TRAINING = r"^test_(adagrad|adam|momentum|nesterov_momentum|gradient_of_add)\w*_cpu$"

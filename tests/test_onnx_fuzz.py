@@ -27,6 +27,9 @@ from optkit.onnx import UnsupportedOpError  # noqa: E402
 from tests.helpers import onnx_info as _info  # noqa: E402
 from tests.helpers import onnx_model  # noqa: E402
 
+# ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.
+pytestmark = pytest.mark.x64
+
 TRAINING = "ai.onnx.preview.training"
 DOCUMENTED = (ValueError, TypeError, UnsupportedOpError)
 

@@ -22,6 +22,9 @@ from onnx import helper, numpy_helper  # noqa: E402
 import optkit.onnx  # noqa: E402
 from tests.helpers import onnx_info as _info  # noqa: E402
 
+# ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.
+pytestmark = pytest.mark.x64
+
 TRAINING = "ai.onnx.preview.training"
 RNG = np.random.default_rng(23)
 

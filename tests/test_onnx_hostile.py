@@ -512,4 +512,4 @@ def test_fuzzed_hostile_fields_raise_only_documented_errors_quickly(tmp_path_fac
 
 
 # Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.x64]

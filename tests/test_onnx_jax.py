@@ -186,7 +186,7 @@ def test_an_int64_input_takes_int32_under_jit_and_the_reverse_within_range():
                                 [numpy_helper.from_array(np.zeros((4, 2), np.float32), "table")])
     apply32, params32 = optkit.onnx.to_jax(helper.make_model(graph32, opset_imports=[helper.make_opsetid("", 17)]))
     assert apply32(params32, np.array([1], np.int64)).shape == (1, 2)
-    with pytest.raises(ValueError, match="'ids' is declared int32; the value 4294967296 does not fit"):
+    with pytest.raises(ValueError, match=r"'ids' is declared int32, whose range is \[-2147483648, 2147483647\]; the value 4294967296 does not fit"):
         apply32(params32, np.array([2**32], np.int64))
 
 

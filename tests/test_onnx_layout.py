@@ -22,6 +22,9 @@ import optkit.onnx  # noqa: E402
 from optkit.onnx import _layout  # noqa: E402
 from tests.helpers import onnx_info, onnx_model  # noqa: E402
 
+# ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.
+pytestmark = pytest.mark.x64
+
 JIT = [pytest.param(True, id="jit"), pytest.param(False, id="nojit")]
 RNG = np.random.default_rng(7)
 

@@ -22,6 +22,9 @@ from onnx import helper, numpy_helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
 
+# ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.
+pytestmark = pytest.mark.x64
+
 MODELS = pathlib.Path(__file__).parent / "models"
 VERSIONS = json.loads((MODELS / "versions.json").read_text())
 EXPORTED = sorted(p.stem for p in MODELS.glob("*.onnx"))

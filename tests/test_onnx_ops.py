@@ -23,6 +23,9 @@ from optkit.onnx._errors import ValueDependentError  # noqa: E402
 from optkit.onnx._ops import TABLE, _values  # noqa: E402
 from tests.helpers import onnx_info as _info  # noqa: E402
 
+# ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.
+pytestmark = pytest.mark.x64
+
 JIT = [pytest.param(True, id="jit"), pytest.param(False, id="nojit")]
 
 

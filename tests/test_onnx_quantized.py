@@ -24,6 +24,9 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import optkit.onnx  # noqa: E402
 
+# ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.
+pytestmark = pytest.mark.x64
+
 QUANTIZED = pathlib.Path(__file__).parent / "models" / "quantized"
 
 

@@ -49,6 +49,9 @@ from tests.helpers import onnx_info as _info  # noqa: E402
 from tests.helpers import onnx_model as _model  # noqa: E402
 from tests.helpers import run_in_child  # noqa: E402
 
+# ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.
+pytestmark = pytest.mark.x64
+
 TRAINING = "ai.onnx.preview.training"
 DOCUMENTED = (ValueError, TypeError, UnsupportedOpError)
 

@@ -30,6 +30,9 @@ from optkit.onnx._ops import TABLE, _registry  # noqa: E402
 from tests.helpers import onnx_info as _info  # noqa: E402
 from tests.helpers import onnx_model  # noqa: E402
 
+# ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.
+pytestmark = pytest.mark.x64
+
 TRAINING = "ai.onnx.preview.training"
 JIT = [pytest.param(True, id="jit"), pytest.param(False, id="nojit")]
 SHAPES = [(3,), (2, 2), ()]

@@ -1,6 +1,8 @@
 """Load-time analyses of a converted ONNX graph, each one walk back over its nodes (``walk_back``):
-what its Gradient nodes ask for (bounded), and which graph inputs must be known before running; and which
-graph inputs its optimizer nodes update (those a training step may donate).
+what its Gradient nodes ask for (bounded), and which graph inputs must be known before running; and what
+loading finds out once for the runners (:class:`Facts`): which graph inputs its optimizer nodes update (those
+a training step may donate), which initializers its nodes read, whether it has grouped convolutions and
+Gradient nodes, and the initializers trained by default.
 
 All the walks over one model share one :class:`~optkit._src.graph.analysis.StepBudget`
 (:data:`~optkit.onnx._limits.MAX_ANALYSIS_STEPS` steps), so loading a model from a
@@ -9,17 +11,21 @@ stranger is O(Gradient nodes x graph nodes), bounded.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import onnx
 
 from optkit._src.graph.analysis import StepBudget, walk_back
 from optkit.onnx._limits import GRADIENT_DEPTH_CEILING, Limits
+from optkit.onnx._operators import nodes_of
 from optkit.onnx._ops._registry import OpSpec
 from optkit.onnx._ops._values import TRAINING_DOMAIN, node_name, node_where, normalize_domain
 from optkit.onnx._ops.training import OPTIMIZER_KINDS
 
-__all__ = ["check_gradient_work", "grouped_convolution", "read_inside", "static_inputs", "subgraphs", "updated_inputs"]
+__all__ = ["Facts", "check_gradient_work", "default_trainable", "facts_of", "grouped_convolution", "looks_trainable",
+           "read_inside", "static_inputs", "subgraphs", "updated_inputs"]
 
 
 def _producers(nodes: Sequence[onnx.NodeProto]) -> dict[str, int]:
@@ -153,3 +159,53 @@ def grouped_convolution(model: onnx.ModelProto) -> tuple[bool, bool]:
                 grouped = grouped or any(a.name == "group" and a.i > 1 for a in node.attribute)
             graphs += subgraphs(node)
     return grouped, gradient
+
+
+def looks_trainable(value: np.ndarray) -> bool:
+    """Whether a floating initializer holds weights rather than a mask: finite, and no magnitude whose square
+    overflows its dtype (exporters write attention masks as -inf or as the dtype's lowest value, -3.4e38 in
+    float32; training one makes the step's statistics overflow)."""
+    value = np.asarray(value)
+    if not np.all(np.isfinite(value)):
+        return False
+    return value.size == 0 or float(np.max(np.abs(value.astype(np.float64)))) < float(np.finfo(value.dtype).max) ** 0.5
+
+
+def default_trainable(initializers: Mapping[str, np.ndarray], read: frozenset[str],
+                      static: frozenset[str]) -> tuple[str, ...]:
+    """The initializers trained by default (``to_jax``, ``OnnxModule``, ``make_training_model``): floating-point,
+    of rank >= 1, read by a node (sub-graphs included), not read where a value must be known before running
+    (a ``Resize``'s scales), and holding weights rather than masks (:func:`looks_trainable`)."""
+    return tuple(name for name, value in initializers.items()
+                 if np.issubdtype(np.asarray(value).dtype, np.floating) and name in read and np.ndim(value)
+                 and name not in static and looks_trainable(value))
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What loading found out about a model, written once for both runners and ``make_training_model``.
+
+    Attributes:
+      read: the names that a node of the graph or of its sub-graphs reads.
+      updated_inputs: the graph inputs an optimizer node updates (:func:`updated_inputs`), in ``graph.input``
+        order.
+      grouped_convolution: a ``Conv`` or ``ConvTranspose`` with ``group`` > 1 anywhere.
+      gradient: a ``Gradient`` node anywhere.
+      default_trainable: the initializers trained by default (:func:`default_trainable`).
+    """
+
+    read: frozenset[str]
+    updated_inputs: tuple[str, ...]
+    grouped_convolution: bool
+    gradient: bool
+    default_trainable: tuple[str, ...]
+
+
+def facts_of(model: onnx.ModelProto, inputs: Sequence[str], initializers: Mapping[str, np.ndarray],
+             static_initializers: frozenset[str]) -> Facts:
+    """:class:`Facts` of a checked ``model`` whose graph inputs are ``inputs`` and decoded initializers
+    ``initializers`` (``static_initializers``: those a static input slot reads)."""
+    read = frozenset(name for _, node in nodes_of(model.graph) for name in node.input)
+    grouped, gradient = grouped_convolution(model)
+    return Facts(read, updated_inputs(model.graph.node, inputs), grouped, gradient,
+                 default_trainable(initializers, read, static_initializers))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -22,14 +22,13 @@ import onnx.defs
 import onnx.shape_inference
 
 from optkit import Graph
-from optkit._src.graph.names import check_feed
-from optkit.onnx._analysis import grouped_convolution, updated_inputs
+from optkit.onnx._analysis import Facts
 from optkit.onnx._convert import Converted
 from optkit.onnx._errors import ValueDependentError
+from optkit.onnx._feeds import Feeds, graph_function, has_double
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits, jax_device
 from optkit.onnx._load import load
-from optkit.onnx._ops.nn import reverse_mode_only
 from optkit.onnx._protos import InputInfo, node_model
 
 __all__ = ["Backend", "BackendRep", "prepare", "run_model", "run_node"]
@@ -52,40 +51,14 @@ def _option_accepted() -> bool:
     return True
 
 
-def compiler_options(model: onnx.ModelProto | None, device: Any) -> dict[str, Any] | None:
-    """XLA options for ``model``'s graph compiled for ``device`` by :class:`BackendRep`: XLA's own convolutions on
-    CPU unless a Gradient node may differentiate a grouped convolution; else None. (``to_jax``'s function runs
-    inside the caller's ``jax.jit``, which alone takes options.)"""
-    if model is None or getattr(device, "platform", None) != "cpu" or not _option_accepted():
+def compiler_options(facts: Facts | None, device: Any) -> dict[str, Any] | None:
+    """XLA options for a loaded model's graph (its :class:`~optkit.onnx._analysis.Facts`) compiled for ``device``
+    by :class:`BackendRep`: XLA's own convolutions on CPU unless a Gradient node may differentiate a grouped
+    convolution; else None. (``to_jax``'s function runs inside the caller's ``jax.jit``, which alone takes
+    options.)"""
+    if facts is None or getattr(device, "platform", None) != "cpu" or not _option_accepted():
         return None
-    grouped, gradient = grouped_convolution(model)
-    return None if grouped and gradient else dict(_EIGEN_CONVOLUTIONS)
-
-
-def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], static: dict[str, np.ndarray],
-                   dynamic: tuple[str, ...], *, jit: bool = True, donate: tuple[int, ...] = (),
-                   options: dict[str, Any] | None = None, reverse_only: bool = False):
-    """``f(*values)`` -> the ``outputs`` of ``graph`` fed ``dynamic`` names positionally and ``static`` values as
-    constants (the feeds checked by the caller), jitted with the ``donate`` positions donated and the XLA
-    ``options`` (:func:`compiler_options`), traced for reverse-mode differentiation only if ``reverse_only``
-    (``to_jax``'s ``reverse_mode_only``); made once per ``dynamic`` names, ``donate``, ``options``,
-    ``reverse_only`` and ``static`` values, kept in ``cache``. Shared by :class:`BackendRep` and
-    :class:`~optkit.onnx.OnnxFunction`."""
-    key = (dynamic, donate, tuple(sorted((options or {}).items())), reverse_only,
-           tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
-    fn = cache.get(key)
-    if fn is None:
-        outputs = list(outputs)
-
-        def run(*values):
-            feeds = dict(zip(dynamic, values))
-            feeds.update(static)
-            with reverse_mode_only(reverse_only):
-                result = graph.evaluate(feeds, outputs, check_feeds=False)
-            return tuple(result[name] for name in outputs)
-
-        fn = cache[key] = jax.jit(run, donate_argnums=donate, compiler_options=options) if jit else run
-    return fn
+    return None if facts.grouped_convolution and facts.gradient else dict(_EIGEN_CONVOLUTIONS)
 
 
 class BackendRep(onnx.backend.base.BackendRep):
@@ -95,7 +68,7 @@ class BackendRep(onnx.backend.base.BackendRep):
     and maps every node (see :func:`optkit.onnx.to_graph`), so an unsupported
     operator or an invalid node fails there. :meth:`~optkit.onnx.BackendRep.run`
     checks the feeds against the
-    declared graph inputs (dtype exactly, as ONNX Runtime does; every fixed
+    declared graph inputs (a float dtype exactly, as ONNX Runtime does; every fixed
     dimension; a symbolic dimension the same size wherever it appears) before
     anything runs, then calls the compiled graph: the first call for a new
     input signature traces and compiles it (including Gradient nodes), later
@@ -105,9 +78,11 @@ class BackendRep(onnx.backend.base.BackendRep):
     axes of a reduction fed as a graph input, as in ONNX's node test cases)
     is a compile-time constant: the graph is compiled once per distinct value.
 
-    Runs happen in JAX's 64-bit mode (``jax.enable_x64``), since ONNX graphs
-    use INT64 step counts, shapes and indices, and DOUBLE; FLOAT tensors stay
-    float32.
+    Runs happen in the caller's JAX 64-bit setting, never switched: with
+    ``jax_enable_x64`` on (``jax.enable_x64(True)``) ONNX's INT64 and DOUBLE
+    are int64 and float64, as ONNX Runtime runs them; with it off (JAX's
+    default) they run as int32 (fed integers range-checked) and float32, and
+    a model with DOUBLE tensors warns once. FLOAT tensors stay float32.
 
     Args:
       loaded: the loaded model (what the load pipeline returns).
@@ -145,96 +120,19 @@ class BackendRep(onnx.backend.base.BackendRep):
         self.graph: Graph = loaded.graph
         self.inputs: tuple[InputInfo, ...] = loaded.inputs
         self.outputs: tuple[str, ...] = loaded.outputs
-        self._static = loaded.static_inputs
-        self._by_name = {info.name: info for info in self.inputs}
-        self._required = [info.name for info in self.inputs if not info.has_default]
-        self.updated_inputs: tuple[str, ...] = updated_inputs(self.model.graph.node, list(self._by_name))
-        self._options = compiler_options(self.model, device)
-        # Per input: the axes whose size is fixed (checked on every run) and the symbolic ones.
-        self._fixed = {info.name: tuple((a, d) for a, d in enumerate(info.shape or ()) if isinstance(d, int))
-                       for info in self.inputs}
-        self._symbols = {info.name: tuple((a, d) for a, d in enumerate(info.shape or ()) if isinstance(d, str))
-                         for info in self.inputs if info.shape and any(isinstance(d, str) for d in info.shape)}
+        self._feeds = Feeds(self.inputs, loaded.static_inputs, double=has_double(loaded))
+        self.updated_inputs: tuple[str, ...] = loaded.facts.updated_inputs if loaded.facts else ()
+        self._options = compiler_options(loaded.facts, device)
         self._result_type = onnx.backend.base.namedtupledict("Outputs", list(self.outputs))
         self._functions: dict[Any, Any] = {}
         self._checked: set[Any] = set()
-
-    # -------------------------------------------------------------- feeding
-
-    def _feeds(self, inputs: Any) -> dict[str, Any]:
-        """Name the fed values: a sequence maps onto ``graph.input`` in order, a mapping by name."""
-        if isinstance(inputs, Mapping):
-            unknown = [name for name in inputs if name not in self._by_name]
-            if unknown:
-                raise ValueError(f"feed {unknown[0]!r} is not a graph input; the inputs are "
-                                 f"{[info.name for info in self.inputs]}")
-            feeds = dict(inputs)
-        else:
-            if isinstance(inputs, (np.ndarray, jax.Array)) or not isinstance(inputs, Sequence):
-                inputs = [inputs]
-            if len(inputs) > len(self.inputs):
-                raise ValueError(f"got {len(inputs)} values but the model has {len(self.inputs)} "
-                                 f"inputs {[info.name for info in self.inputs]}")
-            feeds = {info.name: value for info, value in zip(self.inputs, inputs)}
-        missing = [name for name in self._required if name not in feeds]
-        if missing:
-            raise ValueError(f"graph inputs {missing} are not fed (and have no initializer default); "
-                             f"feed {len(self.inputs)} values in graph.input order "
-                             f"{[info.name for info in self.inputs]} or a dict by name")
-        return {name: self._check(self._by_name[name], value) for name, value in feeds.items()}
-
-    def _check(self, info: InputInfo, value: Any) -> Any:
-        if isinstance(value, (jax.Array, np.ndarray, np.generic)) and value.dtype == info.dtype:
-            # The common case, checked fast.
-            shape = value.shape
-            if info.shape is None or shape == info.shape:
-                return value
-            if len(shape) == len(info.shape) and all(shape[a] == d for a, d in self._fixed[info.name]):
-                return value
-        if isinstance(value, (bool, int, float, list, tuple)):
-            try:
-                converted = np.asarray(value)
-            except (ValueError, OverflowError):
-                converted = np.asarray(value, dtype=object)
-            kind = converted.dtype.kind
-            if kind not in "biuf" or (kind == "f" and info.dtype.kind != "f"):
-                raise TypeError(f"graph input {info.name!r} is declared {info.dtype}; cannot feed "
-                                f"the Python value {value!r}")
-            if kind in "iu" and info.dtype.kind in "iu" and converted.size:
-                # astype would wrap (2**40 into INT32 gives 0): refuse what does not fit.
-                bounds = np.iinfo(info.dtype)
-                low, high = int(converted.min()), int(converted.max())
-                if low < bounds.min or high > bounds.max:
-                    bad = low if low < bounds.min else high
-                    raise ValueError(f"graph input {info.name!r} is declared {info.dtype}, whose range is "
-                                     f"[{bounds.min}, {bounds.max}]; the Python value {bad} does not fit")
-            value = converted.astype(info.dtype)
-        elif not isinstance(value, (np.ndarray, np.generic, jax.Array)):
-            raise TypeError(f"graph input {info.name!r}: feed a NumPy or JAX array, got "
-                            f"{type(value).__name__}")
-        check_feed(info.name, value, info.shape, info.dtype, exact=True)  # ONNX: no implicit conversion
-        return value
-
-    def _check_symbols(self, feeds: Mapping[str, Any]) -> None:
-        bound: dict[str, tuple[int, str]] = {}
-        for name, symbols in self._symbols.items():
-            if name not in feeds:
-                continue
-            shape = np.shape(feeds[name])
-            for axis, dim in symbols:
-                size = shape[axis]
-                if dim in bound and bound[dim][0] != size:
-                    first, where = bound[dim]
-                    raise ValueError(f"dimension {dim!r} is {first} in {where} but {size} in axis "
-                                     f"{axis} of graph input {name!r}")
-                bound.setdefault(dim, (size, f"axis {axis} of graph input {name!r}"))
 
     # -------------------------------------------------------------- running
 
     def _donated(self, donate: bool | Sequence[str], dynamic: tuple[str, ...]) -> tuple[int, ...]:
         if donate is True or donate is False:
             names = self.updated_inputs if donate else ()
-        elif isinstance(donate, str) or not all(name in self._by_name for name in donate):
+        elif isinstance(donate, str) or not all(name in self._feeds.by_name for name in donate):
             raise ValueError(f"donate must be True, False or a list of graph input names "
                              f"{[info.name for info in self.inputs]}, got {donate!r}")
         else:
@@ -249,7 +147,9 @@ class BackendRep(onnx.backend.base.BackendRep):
           inputs: one value per graph input in ``graph.input`` order (inputs
             with an initializer default may be left off the end), or a dict
             from input names to values. Values are NumPy or JAX arrays of the
-            declared dtype (Python numbers and lists are converted to it).
+            declared dtype, any integer dtype for an integer input (Python
+            numbers and lists are converted; the rule of
+            :mod:`optkit.onnx._feeds`).
           as_numpy: return NumPy arrays (default), or JAX arrays that stay on
             the device (to feed back into the next step without a copy).
           donate: give XLA the buffers of these fed JAX arrays to write the
@@ -265,8 +165,10 @@ class BackendRep(onnx.backend.base.BackendRep):
           A named tuple of the outputs (index it, or by output name).
 
         Raises:
-          TypeError: a value of the wrong dtype, or not an array.
-          ValueError: a wrong shape, an unknown or missing input, a ``donate``
+          TypeError: a float, complex or bool value of another dtype, or not
+            an array (integers of any integer dtype are converted).
+          ValueError: a wrong shape, an unknown or missing input, an integer
+            that does not fit the input's dtype, a ``donate``
             name that is not a graph input.
           TypeError, ValueError: an error raised while the graph is traced
             (e.g. incompatible shapes inside the graph), before anything runs.
@@ -275,16 +177,13 @@ class BackendRep(onnx.backend.base.BackendRep):
         """
         if kwargs:
             raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
-        feeds = self._feeds(inputs)
-        if self._symbols:
-            self._check_symbols(feeds)
-        static = {name: np.asarray(value) for name, value in feeds.items() if name in self._static}
-        dynamic = tuple(name for name in feeds if name not in self._static)
+        feeds = self._feeds.checked(self._feeds.named(inputs))
+        static, dynamic = self._feeds.split(feeds)
         values = [feeds[name] for name in dynamic]
         donated = self._donated(donate, dynamic)
         traced = any(isinstance(v, jax.core.Tracer) for v in values)  # inside jax.jit: JAX takes no options here
         placement = contextlib.nullcontext() if self._default_device else jax.default_device(self.device)
-        with jax.enable_x64(True), placement:
+        with placement:
             fn = graph_function(self._functions, self.graph, self.outputs, static, dynamic, jit=self._jit,
                                 donate=donated, options=None if traced else self._options)
             if not self._jit:

@@ -27,7 +27,7 @@ import onnx
 from optkit import Graph
 from optkit._src.graph.analysis import StepBudget
 from optkit.onnx import _layout
-from optkit.onnx._analysis import check_gradient_work, read_inside, static_inputs
+from optkit.onnx._analysis import Facts, check_gradient_work, read_inside, static_inputs
 from optkit.onnx._limits import MAX_ANALYSIS_STEPS, MAX_SUBGRAPH_DEPTH, Limits, check_size
 from optkit.onnx._operators import Operators
 from optkit.onnx._ops._registry import GradientRequest, NodeContext, OpSpec
@@ -53,6 +53,8 @@ class Converted:
       model: the checked ``ModelProto`` as it was read (set by the pipeline; None for a sub-graph).
       static_initializers: initializers that a static input slot reads (a ``Resize``'s scales...): fed as
         traced values they would fail, so they are not trained by default.
+      facts: what loading found out about the model for the runners (:class:`~optkit.onnx._analysis.Facts`;
+        set by the pipeline, None for a sub-graph).
     """
 
     graph: Graph
@@ -62,6 +64,7 @@ class Converted:
     captures: tuple[str, ...] = ()
     model: onnx.ModelProto | None = None
     static_initializers: frozenset[str] = frozenset()
+    facts: Facts | None = None
 
 
 @dataclasses.dataclass(frozen=True)

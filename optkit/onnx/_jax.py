@@ -3,9 +3,10 @@
 The model goes through the one load pipeline (:mod:`optkit.onnx._load`); its
 trainable initializers become the parameters, every other initializer stays a
 constant, and :class:`OnnxFunction` runs the converted graph on
-``(params, *inputs)`` inside JAX's 64-bit mode (ONNX's INT64 and DOUBLE), so
-that it composes with ``jax.jit``, ``jax.grad``, ``jax.vmap``, Optax and Flax
-as any JAX function does.
+``(params, *inputs)`` in the caller's 64-bit setting (the dtype policy of
+:mod:`optkit.onnx._feeds`: INT64 as int32 with it off), so that it composes
+with ``jax.jit``, ``jax.grad``, ``jax.vmap``, Optax and Flax as any JAX
+function does.
 """
 
 from __future__ import annotations
@@ -19,15 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 import onnx
 
-from optkit._src.graph.names import check_feed
-from optkit.onnx._backend import graph_function
 from optkit.onnx._convert import Converted
+from optkit.onnx._feeds import Feeds, graph_function, has_double, run_dtype
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits
 from optkit.onnx._load import load
-from optkit.onnx._operators import nodes_of
 from optkit.onnx._protos import InputInfo
-from optkit.onnx._training_model import looks_trainable, select_trainable
+from optkit.onnx._training_model import select_trainable
 
 __all__ = ["OnnxFunction", "to_jax"]
 
@@ -47,9 +46,15 @@ class OnnxFunction:
 
     Inputs: a float or bool input must have its declared dtype (ONNX converts
     nothing implicitly); an integer input may have any integer dtype and is
-    converted to the declared one (``jax.jit`` with 64-bit mode off gives int32
-    for an exporter's INT64 input; a concrete value that does not fit a
-    narrower declared type is refused). Fixed dimensions are checked.
+    converted to the one the declared type runs as (``jax.jit`` with 64-bit
+    mode off gives int32 for an exporter's INT64 input; a concrete value that
+    does not fit is refused). Fixed dimensions are checked.
+
+    Types: the caller's JAX 64-bit setting decides, and nothing switches it:
+    with ``jax_enable_x64`` on, INT64 and DOUBLE are int64 and float64; off,
+    they run as int32 and float32 (a model with DOUBLE tensors warns once).
+    ``params`` hold each initializer in the dtype it runs as when
+    :func:`to_jax` is called.
 
     Attributes:
       inputs: the graph inputs (:class:`~optkit.onnx.InputInfo`), in ``graph.input`` order.
@@ -90,45 +95,23 @@ class OnnxFunction:
         self._graph = loaded.graph
         self._specs = dict(param_specs)
         self._single = single
-        self._static = loaded.static_inputs
-        self._by_name = {info.name: info for info in self.inputs}
+        self._feeds = Feeds(self.inputs, loaded.static_inputs, double=has_double(loaded))
         self._functions: dict[Any, Any] = {}
         self._reverse_only = reverse_mode_only
 
     def __call__(self, params: Mapping[str, Any], *inputs: Any) -> Any:
-        feeds = self._named(inputs)
+        feeds = self._feeds.named(inputs[0] if len(inputs) == 1 and isinstance(inputs[0], Mapping) else inputs)
         params = self._checked_params(params)
-        with jax.enable_x64(True):
-            feeds = {name: self._input(self._by_name[name], value) for name, value in feeds.items()}
-            static = {name: np.asarray(value) for name, value in feeds.items()
-                      if name in self._static and not isinstance(value, jax.core.Tracer)}
-            dynamic = tuple(name for name in feeds if name not in static)
-            run = graph_function(self._functions, self._graph, self.outputs, static, (*params, *dynamic),
-                                 reverse_only=self._reverse_only)
-            result = run(*params.values(), *(feeds[name] for name in dynamic))
+        feeds = self._feeds.checked(feeds)
+        static, dynamic = self._feeds.split(feeds)
+        run = graph_function(self._functions, self._graph, self.outputs, static, (*params, *dynamic),
+                             reverse_only=self._reverse_only)
+        result = run(*params.values(), *(feeds[name] for name in dynamic))
         return result[0] if self._single else result
 
     def __repr__(self) -> str:
         return (f"OnnxFunction(inputs={[info.name for info in self.inputs]}, outputs={list(self.outputs)}, "
                 f"params={len(self.param_names)})")
-
-    def _named(self, inputs: tuple[Any, ...]) -> dict[str, Any]:
-        if len(inputs) == 1 and isinstance(inputs[0], Mapping):
-            feeds = dict(inputs[0])
-            unknown = [name for name in feeds if name not in self._by_name]
-            if unknown:
-                raise ValueError(f"input {unknown[0]!r} is not a graph input; the inputs are "
-                                 f"{[info.name for info in self.inputs]}")
-        else:
-            if len(inputs) > len(self.inputs):
-                raise ValueError(f"got {len(inputs)} inputs but the model has {len(self.inputs)}: "
-                                 f"{[info.name for info in self.inputs]}")
-            feeds = {info.name: value for info, value in zip(self.inputs, inputs)}
-        missing = [info.name for info in self.inputs if not info.has_default and info.name not in feeds]
-        if missing:
-            raise ValueError(f"graph inputs {missing} are not given; pass the inputs in graph.input order "
-                             f"{[info.name for info in self.inputs]} or one mapping by name")
-        return feeds
 
     def _checked_params(self, params: Any) -> dict[str, Any]:
         if not isinstance(params, Mapping):
@@ -143,33 +126,17 @@ class OnnxFunction:
                              f"; the parameters are {list(self._specs)}")
         out = {}
         for name, (shape, dtype) in self._specs.items():
-            value = params[name]
+            value, wanted = params[name], run_dtype(dtype)
             if not hasattr(value, "dtype"):
-                value = jnp.asarray(value, dtype)
+                value = jnp.asarray(value, wanted)
             if tuple(value.shape) != shape:
                 raise ValueError(f"params[{name!r}] has shape {tuple(value.shape)}, the initializer {shape}")
-            if jnp.dtype(value.dtype) != dtype:
-                raise TypeError(f"params[{name!r}] is {jnp.dtype(value.dtype)}, the initializer {dtype}; cast it")
+            if jnp.dtype(value.dtype) not in (dtype, wanted):
+                raise TypeError(f"params[{name!r}] is {jnp.dtype(value.dtype)}, the initializer {dtype}"
+                                f"{'' if wanted == dtype else f' (run as {wanted})'}; cast it")
             out[name] = value
         return out
 
-    def _input(self, info: InputInfo, value: Any) -> Any:
-        if not hasattr(value, "dtype"):
-            converted = np.asarray(value)
-            if converted.dtype.kind not in "biuf" or (converted.dtype.kind == "f" and info.dtype.kind != "f"):
-                raise TypeError(f"graph input {info.name!r} is declared {info.dtype}; cannot take {value!r}")
-            value = converted
-        kind = jnp.dtype(value.dtype).kind
-        if kind in "iu" and info.dtype.kind in "iu" and jnp.dtype(value.dtype) != info.dtype:
-            if not isinstance(value, jax.core.Tracer) and np.size(value):
-                bounds, concrete = np.iinfo(info.dtype), np.asarray(value)
-                if concrete.min() < bounds.min or concrete.max() > bounds.max:
-                    raise ValueError(f"graph input {info.name!r} is declared {info.dtype}; the value "
-                                     f"{concrete.min() if concrete.min() < bounds.min else concrete.max()} "
-                                     f"does not fit")
-            value = value.astype(info.dtype)
-        check_feed(info.name, value, info.shape, info.dtype, exact=True)
-        return value
 
 def to_jax(
     model: ModelSource,
@@ -253,10 +220,7 @@ def to_jax(
     loaded = load(model, limits, base_dir)
     values = dict(loaded.graph.initializers)
     floating = {name: bool(jnp.issubdtype(np.asarray(v).dtype, jnp.floating)) for name, v in values.items()}
-    read = {name for _, node in nodes_of(loaded.model.graph) for name in node.input}
-    default = [name for name, v in values.items() if floating[name] and name in read and np.ndim(v)
-               and name not in loaded.static_initializers and looks_trainable(v)]
-    names = select_trainable(floating, default, trainable, frozen, allow_empty=True)
+    names = select_trainable(floating, loaded.facts.default_trainable, trainable, frozen, allow_empty=True)
     if outputs is None:
         chosen, single = loaded.outputs, len(loaded.outputs) == 1
     else:
@@ -267,6 +231,5 @@ def to_jax(
             raise ValueError(f"outputs {unknown or list(chosen)} are not graph outputs; the outputs are "
                              f"{list(loaded.outputs)}")
     specs = {name: (tuple(np.shape(values[name])), np.asarray(values[name]).dtype) for name in names}
-    with jax.enable_x64(True):  # a DOUBLE initializer stays float64
-        params = {name: jnp.asarray(values[name]) for name in names}
+    params = {name: jnp.asarray(values[name], run_dtype(specs[name][1])) for name in names}
     return OnnxFunction(loaded, specs, tuple(chosen), single, reverse_mode_only), params

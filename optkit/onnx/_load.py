@@ -12,7 +12,9 @@
 5. :func:`~optkit.onnx._convert.convert`: declarations decoded
    (:mod:`optkit.onnx._protos`), nodes built into an :class:`optkit.Graph`
    from the rows of step 2, sub-graphs by the same code, the Gradient work
-   bounded and the static inputs found (:mod:`optkit.onnx._analysis`).
+   bounded and the static inputs found (:mod:`optkit.onnx._analysis`);
+6. :func:`~optkit.onnx._analysis.facts_of`: what the runners need to know of the model, found once (updated
+   inputs, initializers read, grouped convolutions, the default trainable set), kept in ``Converted.facts``.
 
 The bounds travel as one :class:`~optkit.onnx._limits.Limits` value.
 :func:`load` is the one entry: :func:`to_graph`, :func:`optkit.onnx.prepare`
@@ -25,6 +27,7 @@ import dataclasses
 import os
 
 from optkit import Graph
+from optkit.onnx._analysis import facts_of
 from optkit.onnx._convert import Converted, convert
 from optkit.onnx._files import ModelSource, check_model, read_model
 from optkit.onnx._functions import expand_functions
@@ -40,7 +43,10 @@ def load(model: ModelSource, limits: Limits, base_dir: str | os.PathLike[str] | 
     operators = check_operators(proto)
     check_model(proto, origin)
     expanded = expand_functions(proto) if proto.functions else proto
-    return dataclasses.replace(convert(expanded, operators, limits), model=proto)
+    converted = convert(expanded, operators, limits)
+    facts = facts_of(proto, [info.name for info in converted.inputs], converted.graph.initializers,
+                     converted.static_initializers)
+    return dataclasses.replace(converted, model=proto, facts=facts)
 
 
 def to_graph(
@@ -72,9 +78,9 @@ def to_graph(
     "The ONNX backend", "Speed on CPU"). The values are ONNX's either way.
 
     The graph is pure JAX: ``jax.jit(graph.as_function(...))`` compiles it.
-    ONNX's 64-bit types (INT64 step counts and indices, DOUBLE) need JAX's
-    64-bit mode: evaluate it inside ``with jax.enable_x64(True):``, as
-    :class:`optkit.onnx.BackendRep` does.
+    ONNX's 64-bit types (INT64 step counts and indices, DOUBLE) are int64
+    and float64 in JAX's 64-bit mode (``with jax.enable_x64(True):``); with it
+    off they run as int32 and float32, as the runners document.
 
     Returns:
       The :class:`optkit.Graph`; its ``outputs`` are the model's ``graph.output``.

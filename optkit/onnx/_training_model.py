@@ -14,9 +14,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from optkit.onnx._limits import Limits
+from optkit.onnx._load import load
 from optkit.onnx._ops._values import TRAINING_DOMAIN, normalize_domain
 
-__all__ = ["looks_trainable", "make_training_model", "select_trainable", "with_initializers"]
+__all__ = ["make_training_model", "select_trainable", "with_initializers"]
 
 _LOSSES = ("softmax_cross_entropy", "mean_squared_error", "binary_cross_entropy_with_logits", "l1")
 # optimizer -> (state slots per parameter, the node's defaults for its attributes)
@@ -109,11 +111,9 @@ def make_training_model(
     elif output not in outputs:
         raise ValueError(f"output {output!r} is not a graph output; the outputs are {outputs}")
     initializers = {i.name: i for i in graph.initializer}
-    read = {name for node in graph.node for name in node.input}
     floats = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
     floating = {n: i.data_type in floats for n, i in initializers.items()}
-    default = [n for n, i in initializers.items() if floating[n] and n in read and len(i.dims)
-               and i.data_location != onnx.TensorProto.EXTERNAL and looks_trainable(numpy_helper.to_array(i))]
+    default = () if trainable is not None else load(model, Limits.make(None, None)).facts.default_trainable
     trainable = select_trainable(floating, default, trainable, frozen)
     slots, defaults = _OPTIMIZERS[optimizer]
     target = "labels" if loss == "softmax_cross_entropy" else "target"
@@ -125,8 +125,8 @@ def make_training_model(
     added = [target, "R", "T", *(name for n in loss_nodes for name in n.output)]
     added += [f"{p}.{s}" for p in trainable for s in slots] + [f"{p}.new" for p in trainable]
     added += [f"{p}.{s}.new" for p in trainable for s in slots] + [f"{p}.grad" for p in trainable]
-    used = set(read) | {o for node in graph.node for o in node.output} | {i.name for i in graph.input} \
-        | set(initializers)
+    used = {name for node in graph.node for name in [*node.input, *node.output]}
+    used |= {i.name for i in graph.input} | set(initializers)
     clash = sorted(set(added) & used)
     if clash:
         raise ValueError(f"the model already uses the names {clash}, which the training graph adds")
@@ -200,16 +200,6 @@ def _loss(loss: str, output: str, target: str, elem: int, out_dims: list) -> tup
                  node("Softplus", ["loss.negative"], ["loss.softplus"], name="loss.softplus"),
                  node("Add", ["loss.difference", "loss.softplus"], ["loss.terms"], name="loss.terms")]
     return target_info, [*terms, node("ReduceMean", ["loss.terms"], ["loss"], keepdims=0, name="loss")]
-
-
-def looks_trainable(value: np.ndarray) -> bool:
-    """Whether a floating initializer holds weights rather than a mask: finite, and no magnitude whose square
-    overflows its dtype (exporters write attention masks as -inf or as the dtype's lowest value, -3.4e38 in
-    float32; training one makes the step's statistics overflow)."""
-    value = np.asarray(value)
-    if not np.all(np.isfinite(value)):
-        return False
-    return value.size == 0 or float(np.max(np.abs(value.astype(np.float64)))) < float(np.finfo(value.dtype).max) ** 0.5
 
 
 def select_trainable(floating: Mapping[str, bool], default: Sequence[str], trainable: Sequence[str] | None,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
 import itertools
@@ -16,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from optkit.onnx._feeds import reverse_mode_only_active
 from optkit.onnx._ops._common import axis_index, log_softmax, softmax
 from optkit.onnx._ops._registry import Family, NodeContext
 
@@ -244,21 +243,6 @@ def _taps(x, w_shape, strides, dilations, channels_last):
         yield offset, lax.slice(x, start, limit, step)
 
 
-# True while a graph traced for reverse-mode differentiation only is evaluated (to_jax(..., reverse_mode_only=True)):
-# the shifted-slices depthwise convolutions then take _depthwise_reverse's derivative.
-_REVERSE_MODE_ONLY = contextvars.ContextVar("optkit_onnx_reverse_mode_only", default=False)
-
-
-@contextlib.contextmanager
-def reverse_mode_only(enabled: bool):
-    """Within this block, graphs are traced for reverse-mode differentiation only (or not, if not ``enabled``)."""
-    token = _REVERSE_MODE_ONLY.set(bool(enabled))
-    try:
-        yield
-    finally:
-        _REVERSE_MODE_ONLY.reset(token)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
 def _depthwise_reverse(x, w, strides, dilations, channels_last):
     """:func:`_depthwise` with a derivative for reverse mode only, whose weight gradient is one variadic reduction
@@ -328,7 +312,7 @@ def _conv(ctx):
 
         def convolve(core, pads, _):
             if depthwise:
-                shifted = _depthwise_reverse if _REVERSE_MODE_ONLY.get() else _depthwise
+                shifted = _depthwise_reverse if reverse_mode_only_active() else _depthwise
                 return shifted(jnp.pad(core, spatial(n + 2, ctx.channels_last, pads, (0, 0))), w, tuple(strides),
                                tuple(dilations), ctx.channels_last)
             return lax.conv_general_dilated(core, w, window_strides=strides, padding=pads, rhs_dilation=dilations,

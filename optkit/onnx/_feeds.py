@@ -1,0 +1,245 @@
+"""Feeding a loaded model, for both runners: naming and checking the fed values, the dtype policy, the traced
+graph function and the trace-time options.
+
+:class:`~optkit.onnx.BackendRep` (``prepare``) and :class:`~optkit.onnx.OnnxFunction` (``to_jax``) are thin
+siblings over this module: each names its feeds with :meth:`Feeds.named`, checks and converts them with
+:meth:`Feeds.check`, and runs :func:`graph_function`.
+
+The dtype policy (docs page "ONNX models as JAX functions", "Integer and 64-bit types"): a declared ONNX type
+runs as the dtype JAX gives it under the caller's 64-bit setting (``jax.dtypes.canonicalize_dtype``): with
+``jax_enable_x64`` on, INT64 is int64 and DOUBLE float64, exactly ONNX's; with it off (JAX's default), INT64
+runs as int32, UINT64 as uint32 and DOUBLE as float32. Nothing here switches the setting: a runner called
+inside the caller's ``jax.jit`` traces in the caller's mode, and one called outside it runs in the same mode.
+An integer feed of any integer dtype is converted to the input's dtype (``jax.jit`` with 64-bit mode off hands
+int32 for an exporter's INT64 ``input_ids``); a concrete value that does not fit is refused, never wrapped.
+A float, complex or bool feed must have the declared dtype (or, with 64-bit mode off, the one JAX runs it as):
+ONNX converts nothing implicitly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from optkit import Graph
+from optkit._src.graph.names import shape_text
+
+__all__ = ["Feeds", "graph_function", "has_double", "reverse_mode_only", "reverse_mode_only_active", "run_dtype"]
+
+
+# ------------------------------------------------------------------ trace-time options
+
+# True while a graph traced for reverse-mode differentiation only is evaluated (to_jax(..., reverse_mode_only=True)):
+# the shifted-slices depthwise convolutions then take a derivative of their own (optkit.onnx._ops.nn).
+_REVERSE_MODE_ONLY = contextvars.ContextVar("optkit_onnx_reverse_mode_only", default=False)
+
+
+@contextlib.contextmanager
+def reverse_mode_only(enabled: bool):
+    """Within this block, graphs are traced for reverse-mode differentiation only (or not, if not ``enabled``)."""
+    token = _REVERSE_MODE_ONLY.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _REVERSE_MODE_ONLY.reset(token)
+
+
+def reverse_mode_only_active() -> bool:
+    """Whether the graph being traced is traced for reverse-mode differentiation only."""
+    return _REVERSE_MODE_ONLY.get()
+
+
+# ------------------------------------------------------------------ the dtype policy
+
+def run_dtype(declared: Any) -> np.dtype:
+    """The dtype a declared ONNX type runs as under the caller's 64-bit setting (INT64 -> int32 with it off)."""
+    return np.dtype(jax.dtypes.canonicalize_dtype(declared))
+
+
+def has_double(loaded: Any) -> bool:
+    """Whether a loaded model (:class:`~optkit.onnx._convert.Converted`) has DOUBLE or COMPLEX128 graph inputs,
+    initializers or outputs."""
+    wide = {np.dtype(np.float64), np.dtype(np.complex128)}
+    if any(info.dtype is not None and np.dtype(info.dtype) in wide for info in loaded.inputs):
+        return True
+    if any(np.asarray(v).dtype in wide for v in loaded.graph.initializers.values()):
+        return True
+    outputs = loaded.model.graph.output if loaded.model is not None else ()
+    return any(o.type.tensor_type.elem_type in (11, 15) for o in outputs)  # DOUBLE, COMPLEX128
+
+
+def _mode_note(declared: np.dtype, wanted: np.dtype) -> str:
+    return "" if wanted == declared else f" (run as {wanted}: JAX's 64-bit mode is off)"
+
+
+class Feeds:
+    """How a loaded model's graph inputs are fed: the one rule of both runners.
+
+    Args:
+      inputs: the graph inputs (:class:`~optkit.onnx.InputInfo` records), in ``graph.input`` order.
+      static: the inputs whose values XLA needs before running (compiled once per value).
+      double: the model has DOUBLE tensors (inputs, initializers or outputs): a call with JAX's 64-bit mode
+        off warns, once, that they run as float32.
+    """
+
+    def __init__(self, inputs: Sequence[Any], static: frozenset[str], *, double: bool = False) -> None:
+        self.inputs = tuple(inputs)
+        self.static = static
+        self._double = double
+        self.by_name = {info.name: info for info in self.inputs}
+        self._required = [info.name for info in self.inputs if not info.has_default]
+        # Per input: the axes whose size is fixed, and the symbolic ones (a name the same size everywhere).
+        self._fixed = {info.name: tuple((a, d) for a, d in enumerate(info.shape or ()) if isinstance(d, int))
+                       for info in self.inputs}
+        self._symbols = {info.name: tuple((a, d) for a, d in enumerate(info.shape or ()) if isinstance(d, str))
+                         for info in self.inputs if info.shape and any(isinstance(d, str) for d in info.shape)}
+
+    def _names(self) -> list[str]:
+        return [info.name for info in self.inputs]
+
+    def named(self, inputs: Any) -> dict[str, Any]:
+        """Name the fed values: a mapping by name, or a sequence (one array alone) in ``graph.input`` order.
+
+        Raises:
+          ValueError: an unknown name, more values than graph inputs, a graph input without an initializer
+            default left out.
+        """
+        if self._double and not jax.config.jax_enable_x64:
+            self._double = False
+            warnings.warn("the model has DOUBLE tensors, which run as float32 while JAX's 64-bit mode is off (and "
+                          "INT64 as int32): for ONNX's own types, turn it on with "
+                          "jax.config.update('jax_enable_x64', True) or inside `with jax.enable_x64(True):`",
+                          UserWarning, stacklevel=3)
+        if isinstance(inputs, Mapping):
+            unknown = [name for name in inputs if name not in self.by_name]
+            if unknown:
+                raise ValueError(f"feed {unknown[0]!r} is not a graph input; the graph inputs are {self._names()}")
+            feeds = dict(inputs)
+        else:
+            if isinstance(inputs, (np.ndarray, np.generic, jax.Array)) or not isinstance(inputs, Sequence):
+                inputs = [inputs]
+            if len(inputs) > len(self.inputs):
+                raise ValueError(f"got {len(inputs)} values but the model has {len(self.inputs)} inputs "
+                                 f"{self._names()}")
+            feeds = {info.name: value for info, value in zip(self.inputs, inputs)}
+        missing = [name for name in self._required if name not in feeds]
+        if missing:
+            raise ValueError(f"graph inputs {missing} are not fed (and have no initializer default); feed the "
+                             f"values in graph.input order {self._names()} or one mapping by name")
+        return feeds
+
+    def check(self, name: str, value: Any) -> Any:
+        """``value`` fed for the graph input ``name``, checked and converted to the dtype it runs as.
+
+        Raises:
+          TypeError: not an array, a Python value or array of another kind than the declared type, a float,
+            complex or bool array of another dtype.
+          ValueError: a concrete integer that does not fit the input's dtype; another rank, or another size on
+            a fixed dimension.
+        """
+        info = self.by_name[name]
+        declared = np.dtype(info.dtype)
+        wanted = run_dtype(declared)
+        python = isinstance(value, (bool, int, float, complex, list, tuple))
+        if python:
+            try:
+                value = np.asarray(value)
+            except (ValueError, OverflowError):
+                value = np.asarray(value, dtype=object)
+            if value.dtype.kind not in "biuf" or (value.dtype.kind == "f" and declared.kind != "f"):
+                raise TypeError(f"graph input {name!r} is declared {declared}; cannot feed the Python value "
+                                f"{value.tolist()!r}")
+        elif not isinstance(value, (np.ndarray, np.generic, jax.Array, jax.core.Tracer)):
+            raise TypeError(f"graph input {name!r}: feed a NumPy or JAX array, got {type(value).__name__}")
+        dtype = np.dtype(value.dtype)
+        if dtype != wanted:
+            if declared.kind in "iu" and (dtype.kind in "iu" or python):
+                value = self._integer(name, value, declared, wanted, python)
+            elif python:
+                value = value.astype(wanted)
+            elif dtype != declared:  # (a DOUBLE input fed float64 with 64-bit mode off runs as float32, as in JAX)
+                raise TypeError(f"graph input {name!r} is declared {declared}{_mode_note(declared, wanted)}, fed "
+                                f"{dtype}; ONNX does not convert types implicitly: cast the value first")
+        shape = tuple(np.shape(value))
+        if info.shape is not None and shape != info.shape and (
+                len(shape) != len(info.shape) or any(shape[a] != d for a, d in self._fixed[name])):
+            raise ValueError(f"graph input {name!r} is declared with shape {shape_text(info.shape)}, fed shape "
+                             f"{shape}")
+        return value
+
+    @staticmethod
+    def _integer(name: str, value: Any, declared: np.dtype, wanted: np.dtype, python: bool) -> Any:
+        """An integer ``value`` as ``wanted``; a concrete one is range-checked first (``astype`` would wrap)."""
+        if not isinstance(value, jax.core.Tracer) and np.size(value):
+            concrete = np.asarray(value)
+            bounds = np.iinfo(wanted)
+            low, high = int(concrete.min()), int(concrete.max())
+            if low < bounds.min or high > bounds.max:
+                what = "the Python value" if python else "the value"
+                raise ValueError(f"graph input {name!r} is declared {declared}{_mode_note(declared, wanted)}, whose "
+                                 f"range is [{bounds.min}, {bounds.max}]; {what} "
+                                 f"{low if low < bounds.min else high} does not fit")
+            return concrete.astype(wanted)
+        return value.astype(wanted)
+
+    def checked(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """Every feed checked (:meth:`check`), and each symbolic dimension the same size wherever it appears."""
+        out = {name: self.check(name, value) for name, value in feeds.items()}
+        bound: dict[str, tuple[int, str]] = {}
+        for name, symbols in self._symbols.items():
+            if name not in out:
+                continue
+            shape = np.shape(out[name])
+            for axis, dim in symbols:
+                size = shape[axis]
+                if dim in bound and bound[dim][0] != size:
+                    first, where = bound[dim]
+                    raise ValueError(f"dimension {dim!r} is {first} in {where} but {size} in axis "
+                                     f"{axis} of graph input {name!r}")
+                bound.setdefault(dim, (size, f"axis {axis} of graph input {name!r}"))
+        return out
+
+    def split(self, feeds: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
+        """``(static values, dynamic names)``: the concrete values of the static inputs, the rest by name."""
+        static = {name: np.asarray(value) for name, value in feeds.items()
+                  if name in self.static and not isinstance(value, jax.core.Tracer)}
+        return static, tuple(name for name in feeds if name not in static)
+
+
+# ------------------------------------------------------------------ the traced graph
+
+_TRUNCATED = r"Explicitly requested dtype (int64|uint64|float64|complex128) requested in .* is not available"
+
+
+def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], static: dict[str, np.ndarray],
+                   dynamic: tuple[str, ...], *, jit: bool = True, donate: tuple[int, ...] = (),
+                   options: dict[str, Any] | None = None, reverse_only: bool = False):
+    """``f(*values)`` -> the ``outputs`` of ``graph`` fed ``dynamic`` names positionally and ``static`` values as
+    constants (the feeds checked by :class:`Feeds`), jitted with the ``donate`` positions donated and the XLA
+    ``options``, traced for reverse-mode differentiation only if ``reverse_only`` (``to_jax``'s
+    ``reverse_mode_only``); made once per ``dynamic`` names, ``donate``, ``options``, ``reverse_only``, the
+    caller's 64-bit setting and ``static`` values, kept in ``cache``."""
+    key = (dynamic, donate, tuple(sorted((options or {}).items())), reverse_only, bool(jax.config.jax_enable_x64),
+           tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
+    fn = cache.get(key)
+    if fn is None:
+        outputs = list(outputs)
+
+        def run(*values):
+            feeds = dict(zip(dynamic, values))
+            feeds.update(static)
+            with reverse_mode_only(reverse_only), warnings.catch_warnings():
+                # With 64-bit mode off, an operator's INT64 or DOUBLE result runs as int32 or float32: the
+                # documented policy, not a surprise to warn about at every node.
+                warnings.filterwarnings("ignore", _TRUNCATED, UserWarning)
+                result = graph.evaluate(feeds, outputs, check_feeds=False)
+            return tuple(result[name] for name in outputs)
+
+        fn = cache[key] = jax.jit(run, donate_argnums=donate, compiler_options=options) if jit else run
+    return fn
