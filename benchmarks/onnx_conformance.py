@@ -16,9 +16,9 @@ and simple cases (CPU) through ONNX's own runner with
     python -m benchmarks.onnx_conformance                # about 2 minutes on 2 cores
     python -m benchmarks.onnx_conformance --kind node --top 40
     python -m benchmarks.onnx_conformance --list fail    # the failing cases and why
-    python -m benchmarks.onnx_conformance --write-cases  # rewrite tests/onnx_backend_cases.txt
+    python -m benchmarks.onnx_conformance --write-cases  # rewrite tests/onnx/onnx_backend_cases.txt
 
-``tests/onnx_backend_cases.txt`` lists the cases that pass; ``tests/test_onnx_backend.py``
+``tests/onnx/onnx_backend_cases.txt`` lists the cases that pass; ``tests/onnx/test_backend.py``
 runs exactly those, so a case that stops passing fails the suite.
 
 The counts are recorded in benchmarks/RESULTS.md and docs/onnx-operators.md.

@@ -79,7 +79,7 @@ def _torchvision():
     try:
         import torchvision
     except RuntimeError:  # a PyPI torchvision built for another torch: its C++ operators stubbed (unused here)
-        from tests.models.make_models import _import_torchvision
+        from tests.onnx.models.make_models import _import_torchvision
 
         torchvision = _import_torchvision()
     return torchvision
@@ -225,7 +225,7 @@ def cached_first_step(model_bytes: bytes, feed: np.ndarray, target: np.ndarray,
 
 
 def overhead(calls: int = 3000) -> dict:
-    """Microseconds per call of ``BackendRep.run`` on a warm path (the exported MLP of tests/models, batch 4)
+    """Microseconds per call of ``BackendRep.run`` on a warm path (the exported MLP of tests/onnx/models, batch 4)
     against calling its compiled function directly; needs only optkit's test extra."""
     import pathlib
 

@@ -29,7 +29,7 @@ worker as soon as one fails, or all of them after ``--timeout`` seconds, so a
 dead or stalled worker never leaves processes behind.
 
 With ``--onnx`` the model is instead the MLP that torch.onnx exported
-(``tests/models/torch_torchscript_mlp.onnx``, 64-32-10), made a JAX function by
+(``tests/onnx/models/torch_torchscript_mlp.onnx``, 64-32-10), made a JAX function by
 :func:`optkit.onnx.to_jax`: data parallel, its parameters replicated and the
 batch split over all 8 devices of both processes.
 

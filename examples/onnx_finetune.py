@@ -1,8 +1,8 @@
 """Fine-tune a model that torch.onnx exported, on scikit-learn's digits, on XLA with optkit.onnx.
 
-The model is ``tests/models/torch_torchscript_resnet18.onnx``: torchvision's ResNet-18 layout
+The model is ``tests/onnx/models/torch_torchscript_resnet18.onnx``: torchvision's ResNet-18 layout
 (BasicBlock x [2, 2, 2, 2], widths 8-64, 10 classes, random weights) exported by torch.onnx's
-TorchScript exporter at opset 17 (tests/models/make_models.py; pass ``--model`` for another
+TorchScript exporter at opset 17 (tests/onnx/models/make_models.py; pass ``--model`` for another
 exported classifier with one ``[N, 3, 32, 32]`` input). :func:`optkit.onnx.make_training_model`
 turns the inference graph into a training graph (SoftmaxCrossEntropyLoss, a Gradient node over
 its initializers, an Adam node); each step is one compiled XLA call whose new weights and Adam
@@ -72,7 +72,7 @@ def onnx_runtime_accuracy(path: str, input_name: str, x: np.ndarray, y: np.ndarr
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=str(DEFAULT_MODEL), help="an exported classifier (default: ResNet-18 "
-                                                                   "layout from tests/models)")
+                                                                   "layout from tests/onnx/models)")
     parser.add_argument("--steps", type=int, default=150, help="training steps (default 150)")
     parser.add_argument("--batch-size", type=int, default=64, help="examples per step (default 64)")
     parser.add_argument("--lr", type=float, default=3e-3, help="Adam's learning rate (default 3e-3)")

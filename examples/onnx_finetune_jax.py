@@ -1,6 +1,6 @@
 """Fine-tune an exported ONNX model as a JAX function with any optimizer, data-parallel, on digits.
 
-The model is ``tests/models/torch_torchscript_resnet18.onnx`` (torchvision's ResNet-18 layout,
+The model is ``tests/onnx/models/torch_torchscript_resnet18.onnx`` (torchvision's ResNet-18 layout,
 random weights, exported by torch.onnx at opset 17; ``--model`` for another exported classifier
 with one ``[N, 3, 32, 32]`` input). :func:`optkit.onnx.to_jax` gives ``apply_fn(params, x)`` and the
 dict of its trainable initializers; the training step is plain JAX (``jax.value_and_grad``, the
@@ -65,7 +65,7 @@ def make_optimizer(name: str, lr: float | None, steps: int) -> optax.GradientTra
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=str(DEFAULT_MODEL), help="an exported classifier (default: ResNet-18 "
-                                                                   "layout from tests/models)")
+                                                                   "layout from tests/onnx/models)")
     parser.add_argument("--optimizer", default="adafactor", choices=["adafactor", "adamw", "adam"],
                         help="optkit.adafactor (default), an optax.adamw chain, or optkit.adam")
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default: the optimizer's)")

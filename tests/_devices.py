@@ -7,7 +7,7 @@ devices, the module defines only ``rerun_in_child(__file__)``'s test, which
 runs the module again in a fresh ``python -m pytest`` with the flag set (and
 fails with the child's report), and the module's real tests run there.
 
-When the whole suite runs, ``tests/test_simulated_devices.py`` runs every such
+When the whole suite runs, ``tests/sharding/test_simulated_devices.py`` runs every such
 module in one child instead (one JAX start and one warm compile cache for all:
 76 s against 132 s for the five apart, on 2 cores), and conftest.py
 deselects the modules' own child tests.
@@ -47,7 +47,7 @@ def has_devices() -> bool:
 def device_modules() -> list[str]:
     """The test modules that rerun themselves on 8 simulated devices (their source calls ``rerun_in_child``)."""
     here = pathlib.Path(__file__).resolve().parent
-    return [str(path) for path in sorted(here.glob("test_*.py"))
+    return [str(path) for path in sorted(here.rglob("test_*.py"))
             if "rerun_in_child(__file__)" in path.read_text(encoding="utf-8")]
 
 

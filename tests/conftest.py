@@ -30,7 +30,7 @@ def _reruns(item) -> tuple:
 
 
 def pytest_collection_modifyitems(config, items):
-    """In a run that collects tests/test_simulated_devices.py's one child for every 8-device module, drop the
+    """In a run that collects tests/sharding/test_simulated_devices.py's one child for every 8-device module, drop the
     modules' own child tests (tests/_devices.py), which would run the same tests again."""
     everything = [item for item in items if len(_reruns(item)) > 1]
     covered = {module for item in everything for module in _reruns(item)}

@@ -1,9 +1,9 @@
-"""Helpers the test modules share: float64 mode, random arrays and gradients, small ONNX models.
+"""Helpers the test modules share: float64 mode, random arrays and gradients, a child process, small graphs.
 
 One place for each, so that a test module holds its own expectations only. The
 per-algorithm modules' trajectories (a gradient sequence, the optimizer and
 its oracle run over it) are in ``tests/trajectories.py``; the independent
-expectations themselves in ``tests/oracles.py``.
+expectations themselves in ``tests/oracles.py``; the ONNX area's helpers in ``tests/onnx/helpers.py``.
 """
 
 from __future__ import annotations
@@ -36,37 +36,6 @@ def random_grads(params, seed, dtype=None):
 def sin_grads(tree, t):
     """Smooth, step-dependent gradients ``sin(3 p + t) + 0.1 t``, in each leaf's dtype (computed in float32)."""
     return jax.tree.map(lambda p: (jnp.sin(p.astype(jnp.float32) * 3.0 + t) + 0.1 * t).astype(p.dtype), tree)
-
-
-def onnx_info(name, dtype, shape):
-    """An ONNX tensor ValueInfo; ``dtype`` is an ONNX element type (``TensorProto.FLOAT``) or a NumPy dtype."""
-    from onnx import helper
-
-    elem_type = dtype if isinstance(dtype, int) else helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    return helper.make_tensor_value_info(name, elem_type, shape)
-
-
-def onnx_model(nodes, inputs, outputs, initializers=(), opsets=(("", 17),), **kwargs):
-    """An ONNX ModelProto of one graph ``g`` importing ``opsets`` (``(domain, version)`` pairs)."""
-    from onnx import helper
-
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets], **kwargs)
-
-
-def onnx_external(tensor, location, offset=None, length=None):
-    """Point the TensorProto ``tensor`` at external data in ``location`` (its own bytes dropped); returns it."""
-    from onnx import TensorProto
-
-    del tensor.external_data[:]
-    tensor.data_location = TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", offset), ("length", length)):
-        if value is not None:
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, str(value)
-    tensor.ClearField("raw_data")
-    tensor.ClearField("float_data")
-    return tensor
 
 
 def run_in_child(code: str, *, timeout: float = 300, memory_gib: float | None = None) -> str:

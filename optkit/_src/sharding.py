@@ -122,7 +122,7 @@ def _zeros_from(p, dtype) -> jax.Array:
     program (the output then lives on one device). ``0 * |p|`` where ``p`` is
     finite (else 0) is +0 everywhere and depends on ``p``'s values, so XLA
     propagates ``p``'s sharding to it (it does not simplify it away first;
-    tests/test_sharding.py would notice). It costs one read of ``p``, once,
+    tests/sharding/test_sharding.py would notice). It costs one read of ``p``, once,
     at init.
     """
     return jnp.where(jnp.isfinite(p), jnp.abs(p) * 0, 0).astype(dtype)

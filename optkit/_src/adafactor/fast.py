@@ -1,7 +1,7 @@
 """The Adafactor step as it runs: :func:`optkit._src.adafactor.paper.adafactor_leaf`, computed in fewer passes.
 
 Three things differ from the paper-literal step, each tested equal to it
-(tests/test_adafactor.py):
+(tests/optimizers/test_adafactor.py):
 
 - Reciprocal square roots. With ``V_ij = r_i c_j / mean(r)``,
   ``U = G * rsqrt(r_i) * rsqrt(c_j) * sqrt(mean(r))`` and

@@ -1,0 +1,80 @@
+"""The examples run end to end (with few steps: these are smoke tests, not accuracy checks)."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from examples import quickstart
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_quickstart_runs_and_learns(tmp_path):
+    results = quickstart.main(["--steps", "40", "--hidden", "64", "--out", str(tmp_path)])
+    names = {r["name"] for r in results}
+    assert {"optkit.adagrad", "optkit.adam", "optkit.momentum"} <= names
+    for r in results:
+        if r["name"].startswith("optkit"):
+            # 40 steps of batch 64 already beat chance (10%) by far on digits.
+            assert r["test_accuracy"] > 0.3, r
+        assert np.mean(r["losses"][-5:]) < r["losses"][0]
+        assert r["state_bytes"] > 0
+    assert (tmp_path / "quickstart_loss.png").stat().st_size > 0
+
+
+def test_scanned_lm_trains_as_the_unrolled_one(tmp_path):
+    from examples import lm_scanned
+
+    result = lm_scanned.main(["--steps", "12", "--d-model", "32", "--layers", "3", "--out", str(tmp_path)])
+    assert result["gap"] < 1e-5
+    assert result["scanned"][-1] < result["scanned"][0]
+    without = lm_scanned.main(["--steps", "12", "--d-model", "32", "--layers", "3", "--no-rules",
+                               "--out", str(tmp_path)])
+    assert without["gap"] > 10 * result["gap"]  # the rules are what makes them equal
+
+
+# Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("optimizer", ["adafactor", "adamw", "adam"])
+def test_onnx_finetune_jax_trains_with_any_optimizer_and_onnx_runtime_agrees(tmp_path, optimizer):
+    from examples import onnx_finetune_jax
+
+    result = onnx_finetune_jax.main(["--optimizer", optimizer, "--steps", "60", "--out", str(tmp_path)])
+    assert result["accuracy"] > result["accuracy_before"] + 0.3, result
+    assert np.mean(result["losses"][-5:]) < result["losses"][0]
+    pytest.importorskip("onnxruntime")
+    assert result["ort_accuracy"] == result["accuracy"]
+    assert pathlib.Path(result["plot"]).stat().st_size > 0
+
+
+def test_onnx_finetune_jax_is_data_parallel_over_4_devices(tmp_path):
+    """The same script on 4 simulated CPU devices (a child process: XLA reads the flag at start)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS"))}
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    env["JAX_PLATFORMS"] = "cpu"
+    result = subprocess.run([sys.executable, "-m", "examples.onnx_finetune_jax", "--steps", "30", "--out",
+                             str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "4 device(s)" in result.stdout, result.stdout
+
+
+def test_onnx_finetune_trains_an_exported_model_and_saves_it(tmp_path):
+    import onnx
+
+    from examples import onnx_finetune
+
+    result = onnx_finetune.main(["--steps", "40", "--out", str(tmp_path)])
+    assert result["accuracy"] > result["accuracy_before"] + 0.3, result
+    assert np.mean(result["losses"][-5:]) < result["losses"][0]
+    saved = onnx.load(result["path"])
+    onnx.checker.check_model(saved)
+    assert not any(n.domain == "ai.onnx.preview.training" for n in saved.graph.node)  # inference only
+    if result["ort_accuracy"] is not None:
+        assert result["ort_accuracy"] == result["accuracy"]
+    assert (tmp_path / "onnx_finetune_loss.png").stat().st_size > 0
