@@ -29,6 +29,7 @@ from optkit.onnx._feeds import Feeds, graph_function, has_double
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits, jax_device
 from optkit.onnx._load import load
+from optkit.onnx._ops._common import on_cpu
 from optkit.onnx._protos import InputInfo, node_model
 
 __all__ = ["Backend", "BackendRep", "prepare", "run_model", "run_node"]
@@ -56,7 +57,7 @@ def compiler_options(facts: Facts | None, device: Any) -> dict[str, Any] | None:
     by :class:`BackendRep`: XLA's own convolutions on CPU unless a Gradient node may differentiate a grouped
     convolution; else None. (``to_jax``'s function runs inside the caller's ``jax.jit``, which alone takes
     options.)"""
-    if facts is None or getattr(device, "platform", None) != "cpu" or not _option_accepted():
+    if facts is None or not on_cpu(device) or not _option_accepted():
         return None
     return None if facts.grouped_convolution and facts.gradient else dict(_EIGEN_CONVOLUTIONS)
 

@@ -32,7 +32,6 @@ from optkit.onnx._limits import MAX_ANALYSIS_STEPS, MAX_SUBGRAPH_DEPTH, Limits, 
 from optkit.onnx._operators import Operators
 from optkit.onnx._ops._registry import GradientRequest, NodeContext, OpSpec
 from optkit.onnx._ops._values import TRAINING_DOMAIN, as_static, is_static, node_name, normalize_domain
-from optkit.onnx._ops.quantize import fake_quantization, straight_through
 from optkit.onnx._protos import InputInfo, decode_graph, parse_attributes
 
 __all__ = ["Converted", "Scope", "convert", "convert_graph"]
@@ -103,11 +102,11 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     for name, value in declared.initializers.items():
         graph.add_initializer(name, value)
     specs: dict[int, OpSpec] = {}
-    quantized = fake_quantization(g.node)
+    fused = _fused(g.node, scope.operators)
     layout = None if scope.subgraph else _plan_layout(g, declared, scope)
     moved: set[str] = set()
     for index, node in enumerate(g.node):
-        specs[index], node_captures = _add_node(graph, node, index, inner, quantized.get(index),
+        specs[index], node_captures = _add_node(graph, node, index, inner, fused.get(index),
                                                 layout if layout and index in layout.nodes else None, moved)
         captured += [c for c in dict.fromkeys(node_captures) if c not in defined and c not in captured]
     for name in captured:
@@ -122,23 +121,37 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
                      static_initializers=static & set(declared.initializers))
 
 
+def _fused(nodes, operators: Operators) -> dict[int, onnx.NodeProto]:
+    """``{index of a node: the node it runs fused with}``: the pairs that the nodes' registrations declare
+    (:class:`~optkit.onnx._ops._registry.Fusion`: a ``DequantizeLinear`` of a ``QuantizeLinear``...)."""
+    producers = {node.output[0]: node for node in nodes if node.output and node.output[0]}
+    pairs = {}
+    for index, node in enumerate(nodes):
+        fusion = operators.row(node)[0].fusion
+        producer = producers.get(node.input[0]) if fusion is not None and node.input else None
+        if producer is not None and producer.op_type == fusion.producer and normalize_domain(
+                producer.domain) == normalize_domain(node.domain) and fusion.matches(producer, node):
+            pairs[index] = producer
+    return pairs
+
+
 def _plan_layout(g: onnx.GraphProto, declared: Any, scope: Scope) -> _layout.Plan:
     """The model graph's channels-last plan (:mod:`optkit.onnx._layout`)."""
     ranks = {info.name: len(info.shape) for info in declared.inputs if info.shape is not None}
     ranks.update((name, np.ndim(value)) for name, value in declared.initializers.items())
     names = {info.name for info in declared.inputs} | set(declared.initializers)
     names |= {name for node in g.node for name in [*node.input, *node.output, *read_inside(node)]}
-    versions = [scope.operators.row(node)[1] for node in g.node]
-    return _layout.plan(g.node, ranks, versions, names)
+    layouts = [spec.layout_at(version) for spec, version, _ in map(scope.operators.row, g.node)]
+    return _layout.plan(g.node, ranks, layouts, names)
 
 
 def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope,
-              quantized_by: onnx.NodeProto | None = None, layout: _layout.Plan | None = None,
+              fused_with: onnx.NodeProto | None = None, layout: _layout.Plan | None = None,
               moved: set[str] | None = None) -> tuple[OpSpec, list[str]]:
     """Build ``node`` from its op-table row and add it to ``graph``; its row, and what its sub-graphs capture.
 
-    A ``DequantizeLinear`` of a ``QuantizeLinear``'s output (``quantized_by``) reads the quantized node's input
-    instead, as one fake quantization with the straight-through gradient (:mod:`optkit.onnx._ops.quantize`).
+    A node that runs fused with the node it reads (``fused_with``, its registration's ``Fusion``: a
+    ``DequantizeLinear`` of a ``QuantizeLinear``'s output) reads that node's input instead.
     A node the channels-last ``layout`` plans is built in both layouts and reads and writes the held tensors
     (``moved``: the tensors not held whose channels-last copies were made so far).
     """
@@ -168,10 +181,9 @@ def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope,
             raise type(err)(ctx.message(str(err))) from None
         return spec, captures
     inputs = list(node.input)
-    if quantized_by is not None:
-        q_attrs = parse_attributes(quantized_by, scope.operators.row(quantized_by)[2], ctx.where)
-        built = straight_through(ctx, q_attrs)
-        inputs = [quantized_by.input[0], *inputs[1:]]
+    if fused_with is not None:
+        built = spec.fusion.build(ctx, parse_attributes(fused_with, scope.operators.row(fused_with)[2], ctx.where))
+        inputs = [fused_with.input[0], *inputs[1:]]
     outputs = list(node.output)
     if layout is not None:
         built = layout.function(node, built, lambda: spec.builder(dataclasses.replace(ctx, channels_last=True)),

@@ -42,35 +42,21 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import onnx
 
 from optkit import Graph
 from optkit.onnx._analysis import read_inside, subgraphs
+from optkit.onnx._ops._common import on_cpu
+from optkit.onnx._ops._registry import Layout
 from optkit.onnx._ops._values import TRAINING_DOMAIN, is_static, normalize_domain
 
 __all__ = ["Plan", "active", "plan"]
 
-# Element-wise operators, with the first version that broadcasts as NumPy does (Add-6 had ``axis``).
-ELEMENTWISE: dict[str, int] = {
-    **dict.fromkeys(("Add", "Sub", "Mul", "Div", "Pow", "PRelu"), 7),
-    **dict.fromkeys(("Max", "Min", "Sum", "Mean"), 8),
-    "Where": 9,
-    **dict.fromkeys(("Relu", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "Elu", "Selu", "Celu",
-                     "Gelu", "Softplus", "Mish", "Erf", "Exp", "Log", "Sqrt", "Neg", "Abs", "Reciprocal", "Clip",
-                     "Identity", "Cast"), 1),
-}
-# Operators with a channels-last form of their own (NodeContext.channels_last), of a held input X (their first
-# output held; a BatchNormalization's running statistics are per-channel vectors, the same in both layouts).
-OWN_FORM_OF_X = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization")
-_OWN_FORM = ("Conv", *OWN_FORM_OF_X)
-
-
 def active() -> bool:
     """True where planned nodes run channels-last when traced: on XLA's CPU backend."""
-    return jax.default_backend() == "cpu"
+    return on_cpu()
 
 
 def _last(value: Any) -> Any:
@@ -93,22 +79,29 @@ class Plan:
       hidden: each held tensor's own name in the :class:`optkit.Graph` (its ONNX name is its ONNX-layout copy).
       moved: the name of the channels-last copy of each tensor that is not held and that a planned ``Conv``
         reads as ``X``.
+      roles: each planned node's layout role (:class:`~optkit.onnx._ops._registry.Layout`), by its first
+        output.
     """
 
     nodes: frozenset[int]
     ranks: Mapping[str, int]
     hidden: Mapping[str, str]
     moved: Mapping[str, str]
+    roles: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def _role(self, node: onnx.NodeProto) -> str:
+        return self.roles[node.output[0]]
 
     def inputs(self, graph: Graph, node: onnx.NodeProto, where: str, added: set[str]) -> list[str]:
         """The planned ``node``'s input names in ``graph``: held tensors by their own names; a ``Conv``'s ``X``
         that is not held, moved by a node added the first time (``added``: the ONNX names moved so far)."""
-        if node.op_type in _OWN_FORM:  # X alone: W, B, scale... are read as ONNX lays them out
+        role = self._role(node)
+        if role in ("conv", "reads_x"):  # X alone: W, B, scale... are read as ONNX lays them out
             names = [self.hidden.get(node.input[0], node.input[0]), *node.input[1:]]
         else:
             names = [self.hidden.get(name, name) for name in node.input]
         x = node.input[0] if node.input else ""
-        if node.op_type == "Conv" and x and x not in self.hidden:
+        if role == "conv" and x and x not in self.hidden:
             if x not in added:
                 added.add(x)
                 graph.add(_mover(x, self.ranks[node.output[0]], where), [x], [self.moved[x]],
@@ -132,10 +125,11 @@ class Plan:
                  build_channels_last: Callable[[], Callable[..., Any]], where: str) -> Callable[..., Any]:
         """The planned node's function of its (renamed) inputs: its channels-last form where :func:`active`,
         its ONNX form elsewhere; ``where`` names the node in errors."""
-        if node.op_type in _OWN_FORM:
+        role = self._role(node)
+        if role in ("conv", "reads_x"):
             channels_last = build_channels_last()
             return lambda *values: channels_last(*values) if active() else onnx_form(*values)
-        if node.op_type == "Concat":  # of held tensors along ONNX's channel axis: along their last
+        if role == "concat":  # of held tensors along ONNX's channel axis: along their last
             def concat(*values):
                 shapes = {np.shape(v)[:-1] for v in values}
                 if not active() or len(shapes) != 1:  # (tensors that do not fit: the ONNX form's error)
@@ -143,7 +137,7 @@ class Plan:
                 return jnp.concatenate(values, axis=-1)
 
             return concat
-        if node.op_type == "Transpose":  # into or out of the held layout: the value as it is
+        if role == "transpose":  # into or out of the held layout: the value as it is
             rank = len(_perm(node) or ())
 
             def moved(value):  # (a value of another rank: the ONNX form's error)
@@ -205,12 +199,13 @@ def _rank_of_constant(node: onnx.NodeProto) -> int | None:
     return None
 
 
-def plan(nodes: Sequence[onnx.NodeProto], ranks: Mapping[str, int], versions: Sequence[int],
+def plan(nodes: Sequence[onnx.NodeProto], ranks: Mapping[str, int], layouts: Sequence[Layout | None],
          names: set[str]) -> Plan:
     """The nodes of a graph to run channels-last (see the module's text).
 
     Args:
-      nodes: the graph's nodes, in order; ``versions`` each one's operator version (its since_version).
+      nodes: the graph's nodes, in order; ``layouts`` each one's part in the plan at its operator version, as
+        its registration declares it (:meth:`~optkit.onnx._ops._registry.OpSpec.layout_at`), or None.
       ranks: the known ranks of graph inputs (declared shapes) and initializers.
       names: every tensor name of the graph and its sub-graphs (a held tensor's own name is none of them).
     """
@@ -222,7 +217,8 @@ def plan(nodes: Sequence[onnx.NodeProto], ranks: Mapping[str, int], versions: Se
         pinned.update(read_inside(node))
     held: dict[str, int] = {}
     planned: set[int] = set()
-    for index, (node, version) in enumerate(zip(nodes, versions)):
+    roles: dict[str, str] = {}
+    for index, (node, layout) in enumerate(zip(nodes, layouts)):
         if normalize_domain(node.domain) != "":
             continue
         if node.op_type == "Constant" and len(node.output) == 1:
@@ -230,64 +226,61 @@ def plan(nodes: Sequence[onnx.NodeProto], ranks: Mapping[str, int], versions: Se
             if rank is not None:
                 known[node.output[0]] = rank
             continue
-        outputs = 3 if node.op_type == "BatchNormalization" else 1  # (y, running_mean, running_var)
-        if not 1 <= len(node.output) <= outputs or not node.output[0] or node.output[0] in pinned or subgraphs(node):
+        if layout is None or not 1 <= len(node.output) <= layout.outputs or not node.output[0] \
+                or node.output[0] in pinned or subgraphs(node):
             continue
-        if _to_channels_last(node, held):  # the held tensor is already what it gives
+        if layout.role == "transpose" and _to_channels_last(node, held):  # the held tensor is what it gives
             planned.add(index)
+            roles[node.output[0]] = layout.role
             known[node.output[0]] = held[node.input[0]]
             continue
-        rank = _planned_rank(node, version, held, known)
+        rank = _planned_rank(node, layout.role, held, known)
         if rank is not None:
             planned.add(index)
+            roles[node.output[0]] = layout.role
             held[node.output[0]] = known[node.output[0]] = rank
     taken = set(names)
     hidden = {name: _fresh(f"{name}:channels_last", taken) for name in held}
-    convs = [nodes[i].input[0] for i in sorted(planned) if nodes[i].op_type == "Conv"]
+    convs = [nodes[i].input[0] for i in sorted(planned) if roles[nodes[i].output[0]] == "conv"]
     moved = {x: _fresh(f"{x}:channels_last", taken) for x in dict.fromkeys(convs) if x not in held}
-    return Plan(frozenset(planned), held, hidden, moved)
+    return Plan(frozenset(planned), held, hidden, moved, roles)
 
 
 def _perm(node: onnx.NodeProto) -> list[int] | None:
-    """A ``Transpose``'s ``perm`` (None for another node, or without one: that reverses the axes)."""
-    if node.op_type != "Transpose":
-        return None
+    """A transpose's ``perm`` attribute (None without one: that reverses the axes)."""
     return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
 
 
 def _to_channels_last(node: onnx.NodeProto, held: Mapping[str, int]) -> bool:
-    """A ``Transpose`` of a held tensor to (N, D1, ..., C) (as jax2onnx writes after a Conv, ConvNeXt before
+    """A transpose of a held tensor to (N, D1, ..., C) (as jax2onnx writes after a Conv, ConvNeXt before
     its LayerNorm): its output, in ONNX's own layout, is the held value itself."""
     perm, rank = _perm(node), held.get(node.input[0]) if node.input else None
     return perm is not None and rank is not None and perm == [0, *range(2, rank), 1]
 
 
-def _planned_rank(node: onnx.NodeProto, version: int, held: Mapping[str, int], known: Mapping[str, int]) -> int | None:
+def _planned_rank(node: onnx.NodeProto, role: str, held: Mapping[str, int], known: Mapping[str, int]) -> int | None:
     """The rank of ``node``'s output if it runs channels-last (the output held), else None."""
     inputs = [name for name in node.input if name]
     if not inputs:
         return None
-    op = node.op_type
-    perm = _perm(node)
-    if perm is not None:  # (N, D1, ..., C) -> (N, C, D1, ...) of a tensor not held: held, it is its input
-        rank = len(perm)
+    if role == "transpose":  # (N, D1, ..., C) -> (N, C, D1, ...) of a tensor not held: held, it is its input
+        perm = _perm(node)
+        rank = len(perm or ())
         return rank if rank >= 3 and perm == [0, rank - 1, *range(1, rank - 1)] and inputs[0] not in held else None
-    if op == "Conv":
+    if role == "conv":
         kernel = next((list(a.ints) for a in node.attribute if a.name == "kernel_shape" and a.ints), None)
         rank = known.get(node.input[1]) if len(node.input) > 1 else None
         rank = rank if rank is not None else (None if kernel is None else len(kernel) + 2)
         if rank is None or rank < 3 or held.get(node.input[0], rank) != rank:
             return None
         return rank
-    if op in OWN_FORM_OF_X:
-        return held.get(node.input[0]) if op != "BatchNormalization" or version >= 9 else None
-    if op == "Concat":  # of held tensors of one rank, along the channels
+    if role == "reads_x":
+        return held.get(node.input[0])
+    if role == "concat":  # of held tensors of one rank, along the channels
         ranks = {held.get(name) for name in inputs}
         axis = next((a.i for a in node.attribute if a.name == "axis"), None)
         rank = ranks.pop() if len(ranks) == 1 else None
         return rank if rank is not None and axis is not None and -rank <= axis < rank and axis % rank == 1 else None
-    if version < ELEMENTWISE.get(op, 10**9):
-        return None
     ranks = {held[name] for name in inputs if name in held}
     if len(ranks) != 1:
         return None

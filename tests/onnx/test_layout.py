@@ -29,6 +29,14 @@ JIT = [pytest.param(True, id="jit"), pytest.param(False, id="nojit")]
 RNG = np.random.default_rng(7)
 
 
+
+def _layouts(nodes, opset):
+    """Each node's layout role as its registration declares it, at ``opset`` (what the converter passes)."""
+    from optkit.onnx._ops import TABLE
+
+    return [spec.layout_at(version) for spec, version, _ in
+            (TABLE.lookup(node.domain, node.op_type, opset) for node in nodes)]
+
 def _init(name, *shape, scale=0.3):
     return numpy_helper.from_array((RNG.standard_normal(shape) * scale).astype(np.float32), name)
 
@@ -148,7 +156,7 @@ def test_the_plan_holds_the_runs_between_the_graphs_edges(monkeypatch):
     model, feeds = _image_net()
     graph = optkit.onnx.to_graph(model)
     layout = _layout.plan(model.graph.node, {"x": 4, **{t.name: len(t.dims) for t in model.graph.initializer}},
-                          [17] * len(model.graph.node), set())
+                          _layouts(model.graph.node, 17), set())
     assert sorted(model.graph.node[i].op_type for i in layout.nodes) == sorted(
         node.op_type for node in model.graph.node if node.op_type not in ("Flatten", "Gemm"))
     fn = graph.as_function(["x"], ["y", "logits", "c1"])
@@ -209,7 +217,7 @@ def test_a_tensor_a_gradient_node_differentiates_by_stays_in_onnx_layout():
     outputs = [onnx_info("dt", TensorProto.FLOAT, [2, 6, 10, 10]), *_outputs("u")]
     model = _model(nodes, [onnx_info("x", TensorProto.FLOAT, [2, 3, 10, 10])], outputs, [w1, w2],
                    opsets=(("", 17), ("ai.onnx.preview.training", 1)))
-    layout = _layout.plan(model.graph.node, {"x": 4, "w1": 4, "w2": 4}, [1] * len(nodes), set())
+    layout = _layout.plan(model.graph.node, {"x": 4, "w1": 4, "w2": 4}, _layouts(nodes, 13), set())
     assert "t" not in layout.ranks and "c" in layout.ranks and "u" in layout.ranks
     x = RNG.standard_normal((2, 3, 10, 10)).astype(np.float32)
     dt, u = optkit.onnx.prepare(model).run([x])

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from optkit.onnx._ops._registry import NodeContext
 
-__all__ = ["axis_index", "axis_indices", "is_integer", "lowest", "checked_indices", "below_max", "softmax",
+__all__ = ["on_cpu", "axis_index", "axis_indices", "is_integer", "lowest", "checked_indices", "below_max", "softmax",
            "log_softmax"]
 
 
@@ -106,3 +107,12 @@ def log_softmax(x: Any, axis: int) -> Any:
     """``x - max - log(sum(exp(x - max)))`` along ``axis``, as :func:`softmax`."""
     shifted = below_max(x, axis)
     return shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis, keepdims=True))
+
+
+def on_cpu(device: Any = None) -> bool:
+    """The one CPU decision of optkit.onnx: whether what is traced now runs on XLA's CPU backend (JAX's default
+    backend), or, given a ``jax.Device``, whether that device is a CPU. The channels-last plan, the
+    shifted-slices depthwise convolution and :class:`~optkit.onnx.BackendRep`'s compile options follow it."""
+    if device is not None:
+        return getattr(device, "platform", None) == "cpu"
+    return jax.default_backend() == "cpu"

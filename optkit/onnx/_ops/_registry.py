@@ -39,7 +39,8 @@ from optkit.onnx._errors import UnsupportedOpError
 from optkit.onnx._limits import check_size
 from optkit.onnx._ops._values import DEFAULT_DOMAIN, domain_text, node_where, normalize_domain
 
-__all__ = ["NodeContext", "GradientRequest", "Builder", "OpSpec", "Family", "OpTable"]
+__all__ = ["NodeContext", "GradientRequest", "Builder", "ELEMENTWISE", "Fusion", "Layout", "OpSpec", "Family",
+           "OpTable"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +126,52 @@ Builder = Callable[..., Callable[..., Any] | GradientRequest]
 
 
 @dataclasses.dataclass(frozen=True)
+class Layout:
+    """An operator's part in the channels-last plan (:mod:`optkit.onnx._layout`), declared at its registration.
+
+    Attributes:
+      role: ``"conv"`` (a channels-last form of its own; reads ``X`` channels-last, moved there if it is not
+        held), ``"reads_x"`` (a channels-last form of its own, of a held ``X``: pools, BatchNormalization),
+        ``"elementwise"`` (the same formula in either layout, its other operands broadcast as ONNX does),
+        ``"concat"`` (along the channels) or ``"transpose"`` (a layout boundary: into or out of the held
+        layout, the value as it is).
+      since: the first operator version the role holds for (an element-wise operator broadcasts as NumPy
+        from Add-7, Max-8...; BatchNormalization's training form from 9).
+      outputs: the most outputs a planned node may have (the first one held).
+    """
+
+    role: str
+    since: int = 0
+    outputs: int = 1
+
+    def __post_init__(self) -> None:
+        if self.role not in ("conv", "reads_x", "elementwise", "concat", "transpose"):
+            raise ValueError(f"unknown layout role {self.role!r}")
+
+
+ELEMENTWISE = Layout("elementwise")
+
+
+@dataclasses.dataclass(frozen=True)
+class Fusion:
+    """A node that runs as one node with the node it reads its first input from (declared at its
+    registration; the converter applies it knowing no family): a ``DequantizeLinear`` of a
+    ``QuantizeLinear``'s output is one fake quantization with a straight-through gradient.
+
+    Attributes:
+      producer: the operator type of that node (in the same domain).
+      matches: ``matches(producer, node)``: whether this pair is fused (the same parameters...).
+      build: ``build(ctx, producer_attrs) -> fn``: the fused function of ``node``'s inputs, the producer's
+        input first in place of its output (``ctx`` is ``node``'s; ``producer_attrs`` the producer's parsed
+        attributes).
+    """
+
+    producer: str
+    matches: Callable[[Any, Any], bool]
+    build: Callable[..., Callable[..., Any]]
+
+
+@dataclasses.dataclass(frozen=True)
 class OpSpec:
     """One registration: a builder and the operator versions it implements.
 
@@ -137,7 +184,8 @@ class OpSpec:
         they reach ``fn`` as NumPy arrays.
       static_outputs: True if the outputs are known before running whatever
         the inputs (``Shape``: shapes are static in XLA).
-      family: the family module that registered it.
+      layout: its part in the channels-last plan (:class:`Layout`), or None.
+      fusion: how it runs fused with the node it reads (:class:`Fusion`), or None.
     """
 
     op_type: str
@@ -147,11 +195,16 @@ class OpSpec:
     params: tuple[Any, ...] = dataclasses.field(default=(), repr=False)
     static_inputs: tuple[int, ...] = ()
     static_outputs: bool = False
-    family: str = ""
+    layout: Layout | None = None
+    fusion: Fusion | None = None
 
     def builder(self, ctx: NodeContext) -> Callable[..., Any] | GradientRequest:
         """The node's function (or Gradient request): ``build(ctx, *params)``."""
         return self.build(ctx, *self.params)
+
+    def layout_at(self, version: int) -> Layout | None:
+        """Its :class:`Layout` at operator version ``version`` (None before the role's ``since``)."""
+        return self.layout if self.layout is not None and version >= self.layout.since else None
 
 
 class Family:
@@ -163,14 +216,17 @@ class Family:
         self.specs: list[OpSpec] = []
 
     def op(self, op_type: str, *since_versions: int, params: Sequence[Any] = (), static_inputs: Sequence[int] = (),
-           static_outputs: bool = False) -> Callable[[Builder], Builder]:
-        """Decorator: register ``build`` for ``op_type`` at each of ``since_versions``; stackable."""
+           static_outputs: bool = False, layout: Layout | None = None,
+           fusion: Fusion | None = None) -> Callable[[Builder], Builder]:
+        """Decorator: register ``build`` for ``op_type`` at each of ``since_versions``; stackable. ``layout``:
+        its part in the channels-last plan (:class:`Layout`); ``fusion``: its fusion with the node it reads
+        (:class:`Fusion`)."""
         if not since_versions:
             raise ValueError(f"{self.name}.op({op_type!r}): give at least one since_version")
 
         def register(build: Builder) -> Builder:
             self.specs.append(OpSpec(op_type, tuple(int(v) for v in since_versions), build, self.domain,
-                                     tuple(params), tuple(static_inputs), static_outputs, self.name))
+                                     tuple(params), tuple(static_inputs), static_outputs, layout, fusion))
             return build
 
         return register
@@ -231,8 +287,3 @@ class OpTable:
     def rows(self) -> list[tuple[str, str, int]]:
         """Every ``(domain, op_type, since_version)``, sorted."""
         return sorted(self._rows)
-
-    def family_of(self, domain: str, op_type: str) -> str | None:
-        """The family module that implements ``domain::op_type`` (``"nn"``...), or None."""
-        versions = self._versions.get((normalize_domain(domain), op_type))
-        return None if not versions else self._rows[(normalize_domain(domain), op_type, versions[0])].family

@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 
 from optkit.onnx._ops._common import is_integer
-from optkit.onnx._ops._registry import Family
+from optkit.onnx._ops._registry import ELEMENTWISE, Family, Layout
 from optkit.onnx._ops._values import onnx_dtype, storage_bits
 
 OPS = Family("elementwise")
@@ -24,16 +24,16 @@ OPS = Family("elementwise")
 
 # Operators that are one jax.numpy function (arithmetic, comparisons, logic, Where), with every
 # since_version whose semantics that function implements.
-@OPS.op("Add", 7, 13, 14, params=(jnp.add,))
-@OPS.op("Sub", 7, 13, 14, params=(jnp.subtract,))
-@OPS.op("Mul", 7, 13, 14, params=(jnp.multiply,))
-@OPS.op("Neg", 6, 13, params=(jnp.negative,))
-@OPS.op("Abs", 6, 13, params=(jnp.abs,))
-@OPS.op("Sqrt", 6, 13, params=(jnp.sqrt,))
-@OPS.op("Exp", 6, 13, params=(jnp.exp,))
-@OPS.op("Log", 6, 13, params=(jnp.log,))
-@OPS.op("Sigmoid", 6, 13, params=(jax.nn.sigmoid,))
-@OPS.op("Tanh", 6, 13, params=(jnp.tanh,))
+@OPS.op("Add", 7, 13, 14, params=(jnp.add,), layout=ELEMENTWISE)
+@OPS.op("Sub", 7, 13, 14, params=(jnp.subtract,), layout=ELEMENTWISE)
+@OPS.op("Mul", 7, 13, 14, params=(jnp.multiply,), layout=ELEMENTWISE)
+@OPS.op("Neg", 6, 13, params=(jnp.negative,), layout=ELEMENTWISE)
+@OPS.op("Abs", 6, 13, params=(jnp.abs,), layout=ELEMENTWISE)
+@OPS.op("Sqrt", 6, 13, params=(jnp.sqrt,), layout=ELEMENTWISE)
+@OPS.op("Exp", 6, 13, params=(jnp.exp,), layout=ELEMENTWISE)
+@OPS.op("Log", 6, 13, params=(jnp.log,), layout=ELEMENTWISE)
+@OPS.op("Sigmoid", 6, 13, params=(jax.nn.sigmoid,), layout=ELEMENTWISE)
+@OPS.op("Tanh", 6, 13, params=(jnp.tanh,), layout=ELEMENTWISE)
 @OPS.op("Equal", 7, 11, 13, 19, params=(jnp.equal,))
 @OPS.op("Less", 7, 9, 13, params=(jnp.less,))
 @OPS.op("Greater", 7, 9, 13, params=(jnp.greater,))
@@ -42,14 +42,14 @@ OPS = Family("elementwise")
 @OPS.op("And", 7, params=(jnp.logical_and,))
 @OPS.op("Or", 7, params=(jnp.logical_or,))
 @OPS.op("Not", 1, params=(jnp.logical_not,))
-@OPS.op("Where", 9, 16, params=(jnp.where,))
+@OPS.op("Where", 9, 16, params=(jnp.where,), layout=ELEMENTWISE)
 @OPS.op("Xor", 7, params=(jnp.logical_xor,))
-@OPS.op("Reciprocal", 6, 13, params=(jnp.reciprocal,))
+@OPS.op("Reciprocal", 6, 13, params=(jnp.reciprocal,), layout=ELEMENTWISE)
 @OPS.op("Floor", 6, 13, params=(jnp.floor,))
 @OPS.op("Ceil", 6, 13, params=(jnp.ceil,))
 @OPS.op("Round", 11, 22, params=(jnp.round,))  # halves to even, as ONNX specifies
 @OPS.op("Sign", 9, 13, params=(jnp.sign,))
-@OPS.op("Erf", 9, 13, params=(jax.scipy.special.erf,))
+@OPS.op("Erf", 9, 13, params=(jax.scipy.special.erf,), layout=ELEMENTWISE)
 @OPS.op("Sin", 7, 22, params=(jnp.sin,))
 @OPS.op("Cos", 7, 22, params=(jnp.cos,))
 @OPS.op("Tan", 7, 22, params=(jnp.tan,))
@@ -64,8 +64,9 @@ OPS = Family("elementwise")
 @OPS.op("IsNaN", 9, 13, 20, params=(jnp.isnan,))
 @OPS.op("Softsign", 1, 22, params=(lambda x: x / (1 + jnp.abs(x)),))
 # log(exp(x) + 1) without overflow
-@OPS.op("Softplus", 1, 22, params=(lambda x: jnp.logaddexp(x, jnp.zeros((), jnp.result_type(x))),))
-@OPS.op("Mish", 18, 22, params=(lambda x: x * jnp.tanh(jnp.logaddexp(x, jnp.zeros((), jnp.result_type(x)))),))
+@OPS.op("Softplus", 1, 22, params=(lambda x: jnp.logaddexp(x, jnp.zeros((), jnp.result_type(x))),), layout=ELEMENTWISE)
+@OPS.op("Mish", 18, 22, params=(lambda x: x * jnp.tanh(jnp.logaddexp(x, jnp.zeros((), jnp.result_type(x)))),),
+        layout=ELEMENTWISE)
 def _one_function(ctx, fn):
     return fn
 
@@ -78,7 +79,7 @@ def _divide(a, b):
     return jnp.divide(a, b)
 
 
-@OPS.op("Div", 7, 13, 14)
+@OPS.op("Div", 7, 13, 14, layout=ELEMENTWISE)
 def _div(ctx):
     return _divide
 
@@ -110,7 +111,7 @@ def _legacy_broadcast(ctx, fn):
     return legacy
 
 
-@OPS.op("Pow", 7, 12, 13, 15)
+@OPS.op("Pow", 7, 12, 13, 15, layout=ELEMENTWISE)
 def _pow(ctx):
     def power(x, y):
         x_dtype = jnp.result_type(x)
@@ -123,41 +124,41 @@ def _pow(ctx):
     return power
 
 
-@OPS.op("Relu", 6, 13, 14)
+@OPS.op("Relu", 6, 13, 14, layout=ELEMENTWISE)
 def _relu(ctx):
     return lambda x: jnp.maximum(x, jnp.zeros((), jnp.result_type(x)))
 
 
-@OPS.op("LeakyRelu", 6, 16)
+@OPS.op("LeakyRelu", 6, 16, layout=ELEMENTWISE)
 def _leaky_relu(ctx):
     alpha = ctx.attrs["alpha"]
     return lambda x: jnp.where(x >= 0, x, alpha * x)
 
 
-@OPS.op("HardSigmoid", 6, 22)
+@OPS.op("HardSigmoid", 6, 22, layout=ELEMENTWISE)
 def _hard_sigmoid(ctx):
     alpha, beta = ctx.attrs.get("alpha", 0.2), ctx.attrs.get("beta", 0.5)
     return lambda x: jnp.clip(alpha * x + beta, 0, 1).astype(jnp.result_type(x))
 
 
-@OPS.op("HardSwish", 14, 22)
+@OPS.op("HardSwish", 14, 22, layout=ELEMENTWISE)
 def _hard_swish(ctx):
     return lambda x: x * jnp.clip(x / 6 + 0.5, 0, 1).astype(jnp.result_type(x))
 
 
-@OPS.op("Elu", 6, 22)
+@OPS.op("Elu", 6, 22, layout=ELEMENTWISE)
 def _elu(ctx):
     alpha = ctx.attrs.get("alpha", 1.0)
     return lambda x: jnp.where(x > 0, x, alpha * jnp.expm1(jnp.minimum(x, 0)))
 
 
-@OPS.op("Celu", 12, 28)
+@OPS.op("Celu", 12, 28, layout=ELEMENTWISE)
 def _celu(ctx):
     alpha = ctx.attrs.get("alpha", 1.0)
     return lambda x: jnp.maximum(x, 0) + jnp.minimum(0, alpha * jnp.expm1(jnp.minimum(x, 0) / alpha))
 
 
-@OPS.op("Selu", 6, 22)
+@OPS.op("Selu", 6, 22, layout=ELEMENTWISE)
 def _selu(ctx):
     alpha = ctx.attrs.get("alpha", 1.67326319217681884765625)
     gamma = ctx.attrs.get("gamma", 1.05070102214813232421875)
@@ -170,7 +171,7 @@ def _thresholded_relu(ctx):
     return lambda x: jnp.where(x > alpha, x, jnp.zeros((), jnp.result_type(x)))
 
 
-@OPS.op("Gelu", 20)
+@OPS.op("Gelu", 20, layout=ELEMENTWISE)
 def _gelu(ctx):
     approximate = ctx.attrs.get("approximate", "none")
     if approximate not in ("none", "tanh"):
@@ -180,7 +181,7 @@ def _gelu(ctx):
     return lambda x: 0.5 * x * (1 + jax.scipy.special.erf(x / np.sqrt(2).astype(jnp.result_type(x))))
 
 
-@OPS.op("PRelu", 6, 7, 9, 16)
+@OPS.op("PRelu", 6, 7, 9, 16, layout=Layout("elementwise", since=7))
 def _prelu(ctx):
     def prelu(x, slope):
         if ctx.version < 7 and jnp.ndim(x) > 2 and jnp.shape(slope) == (jnp.shape(x)[1],):
@@ -197,7 +198,7 @@ def _prelu(ctx):
     return prelu
 
 
-@OPS.op("Clip", 6, 11, 12, 13)
+@OPS.op("Clip", 6, 11, 12, 13, layout=ELEMENTWISE)
 def _clip(ctx):
     if ctx.version < 11:
         low, high = ctx.attrs.get("min", -3.4028234663852886e38), ctx.attrs.get("max", 3.4028234663852886e38)
@@ -244,10 +245,10 @@ def _mod(ctx):
     return mod
 
 
-@OPS.op("Max", 6, 8, 12, 13, params=(jnp.maximum,))
-@OPS.op("Min", 6, 8, 12, 13, params=(jnp.minimum,))
-@OPS.op("Sum", 6, 8, 13, params=(jnp.add,))
-@OPS.op("Mean", 6, 8, 13, params=(jnp.add, True))
+@OPS.op("Max", 6, 8, 12, 13, params=(jnp.maximum,), layout=Layout("elementwise", since=8))
+@OPS.op("Min", 6, 8, 12, 13, params=(jnp.minimum,), layout=Layout("elementwise", since=8))
+@OPS.op("Sum", 6, 8, 13, params=(jnp.add,), layout=Layout("elementwise", since=8))
+@OPS.op("Mean", 6, 8, 13, params=(jnp.add, True), layout=Layout("elementwise", since=8))
 def _variadic(ctx, fn, mean=False):
     def variadic(*xs):
         if ctx.version < 8 and len({jnp.shape(x) for x in xs}) > 1:
@@ -314,7 +315,7 @@ def _cast_rules(ctx):
     return saturate, round_mode
 
 
-@OPS.op("Cast", 6, 9, 13, 19, 21, 23, 24, 25, 28)
+@OPS.op("Cast", 6, 9, 13, 19, 21, 23, 24, 25, 28, layout=ELEMENTWISE)
 def _cast(ctx):
     dtype = onnx_dtype(ctx.attrs["to"], ctx.message("attribute 'to'"))
     saturate, round_mode = _cast_rules(ctx)

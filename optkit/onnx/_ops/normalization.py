@@ -14,9 +14,9 @@ import numpy as np
 from jax import lax
 
 from optkit.onnx._ops._common import axis_index
-from optkit.onnx._ops._registry import Family
+from optkit.onnx._ops._registry import Family, Layout
 from optkit.onnx._ops._values import onnx_dtype
-from optkit.onnx._ops.nn import per_channel
+from optkit.onnx._ops._window import per_channel
 
 OPS = Family("normalization")
 
@@ -26,7 +26,7 @@ def _channel(v, rank, channels_last=False):
     return jnp.reshape(v, per_channel(rank, channels_last))
 
 
-@OPS.op("BatchNormalization", 6, 7, 9, 14, 15)
+@OPS.op("BatchNormalization", 6, 7, 9, 14, 15, layout=Layout("reads_x", since=9, outputs=3))
 def _batch_normalization(ctx):
     eps = ctx.attrs.get("epsilon", 1e-5)
     momentum = ctx.attrs.get("momentum", 0.9)

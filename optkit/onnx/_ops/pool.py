@@ -10,13 +10,13 @@ import numpy as np
 from jax import lax
 
 from optkit.onnx._ops._common import lowest
-from optkit.onnx._ops._registry import Family, NodeContext
-from optkit.onnx._ops.nn import _auto_pads, _spatial_attrs, _Window, _windowed, logical_shape, spatial
+from optkit.onnx._ops._registry import Family, Layout, NodeContext
+from optkit.onnx._ops._window import Window, auto_pads, logical_shape, spatial, spatial_attrs, windowed
 
 OPS = Family("pool")
 
 
-def _pool_windows(ctx: NodeContext, x, *, dilations_allowed: bool) -> tuple[list[_Window], list]:
+def _pool_windows(ctx: NodeContext, x, *, dilations_allowed: bool) -> tuple[list[Window], list]:
     """Each spatial axis's window with ONNX's output size (``ceil_mode``, ``auto_pad``), and the explicit
     pads (which ``count_include_pad`` counts); ``x`` in the node's layout (``ctx.channels_last``)."""
     shape = logical_shape(jnp.shape(x), ctx.channels_last)
@@ -24,11 +24,11 @@ def _pool_windows(ctx: NodeContext, x, *, dilations_allowed: bool) -> tuple[list
     if n < 1:
         raise ctx.error(f"X must be (N, C, D1, ...), got shape {shape}")
     kernel = list(ctx.attrs["kernel_shape"])
-    strides, dilations, pads = _spatial_attrs(ctx, n, kernel)
+    strides, dilations, pads = spatial_attrs(ctx, n, kernel)
     if not dilations_allowed and any(d != 1 for d in dilations):
         raise ctx.unsupported("dilations are not part of this operator version")
     sizes = shape[2:]
-    pads = _auto_pads(ctx, sizes, kernel, strides, dilations, pads)
+    pads = auto_pads(ctx, sizes, kernel, strides, dilations, pads)
     ceil_mode = bool(ctx.attrs.get("ceil_mode", 0)) and ctx.attrs.get("auto_pad", "NOTSET") == "NOTSET"
     windows = []
     for size, k, s, d, (begin, end) in zip(sizes, kernel, strides, dilations, pads):
@@ -40,7 +40,7 @@ def _pool_windows(ctx: NodeContext, x, *, dilations_allowed: bool) -> tuple[list
         out = (-(-room // s) if ceil_mode else room // s) + 1
         if ceil_mode and (out - 1) * s >= size + begin:
             out -= 1  # the last window would start in the end padding: dropped (ONNX, PyTorch)
-        windows.append(_Window(size, k, d, s, begin, out))
+        windows.append(Window(size, k, d, s, begin, out))
     ctx.check_size((*shape[:2], *(w.out for w in windows)), jnp.result_type(x), "the output")
     return windows, pads
 
@@ -94,7 +94,7 @@ def _column_major(row_major, dims):
     return out
 
 
-@OPS.op("MaxPool", 1, 8, 10, 11, 12, 22)
+@OPS.op("MaxPool", 1, 8, 10, 11, 12, 22, layout=Layout("reads_x"))
 def _max_pool(ctx):
     if ctx.version < 8 and ctx.attrs.get("storage_order", 0):
         raise ctx.unsupported("storage_order is only used by the Indices output")
@@ -106,7 +106,7 @@ def _max_pool(ctx):
         # A NumPy initial value (a constant, not traced): lax.reduce_window then is reduce_window_max,
         # which JAX differentiates (a traced one has no gradient rule).
         init = np.asarray(lowest(dtype), dtype)
-        y, shape, _ = _windowed(
+        y, shape, _ = windowed(
             ctx, x, windows, None,
             lambda core, pads, _: _reduce_window(core, init, lax.max, windows, pads, ctx.channels_last), init,
             ctx.channels_last)
@@ -118,7 +118,7 @@ def _max_pool(ctx):
     return max_pool
 
 
-@OPS.op("AveragePool", 1, 7, 10, 11, 19, 22)
+@OPS.op("AveragePool", 1, 7, 10, 11, 19, 22, layout=Layout("reads_x"))
 def _average_pool(ctx):
     count_include_pad = bool(ctx.attrs.get("count_include_pad", 0))
 
@@ -139,7 +139,7 @@ def _average_pool(ctx):
 
         # A window in the padding alone: 0 over the pads it counts, 0/0 (NaN) over none.
         fill = np.asarray(0.0 if count_include_pad else np.nan, dtype)
-        y, shape, _ = _windowed(ctx, x, windows, None, mean, fill, ctx.channels_last)
+        y, shape, _ = windowed(ctx, x, windows, None, mean, fill, ctx.channels_last)
         return jnp.full(shape, fill, dtype) if y is None else y
 
     return average_pool
@@ -156,7 +156,7 @@ def _lp_pool(ctx):
         dtype = jnp.result_type(x)
         zero = np.zeros((), dtype)
         powered = jnp.power(jnp.abs(x), jnp.asarray(p, dtype))
-        y, shape, _ = _windowed(ctx, powered, windows, None,
+        y, shape, _ = windowed(ctx, powered, windows, None,
                                 lambda core, pads, _: _reduce_window(core, zero, lax.add, windows, pads), zero)
         total = jnp.zeros(shape, dtype) if y is None else y
         return jnp.power(total, jnp.asarray(1.0 / p, dtype))
@@ -164,8 +164,8 @@ def _lp_pool(ctx):
     return lp_pool
 
 
-@OPS.op("GlobalAveragePool", 1, 22, params=(jnp.mean,))
-@OPS.op("GlobalMaxPool", 1, 22, params=(jnp.max,))
+@OPS.op("GlobalAveragePool", 1, 22, params=(jnp.mean,), layout=Layout("reads_x"))
+@OPS.op("GlobalMaxPool", 1, 22, params=(jnp.max,), layout=Layout("reads_x"))
 def _global_pool(ctx, reduce):
     """GlobalAveragePool / GlobalMaxPool: ``reduce`` over every spatial axis of (N, C, D1, ...) (or of
     (N, D1, ..., C) channels-last)."""

@@ -21,11 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from optkit.onnx._ops import nn
 from optkit.onnx._ops._common import axis_index
-from optkit.onnx._ops._registry import Family
+from optkit.onnx._ops._registry import Family, Fusion
 from optkit.onnx._ops._values import onnx_dtype
 from optkit.onnx._ops.elementwise import FLOAT8, cast_to
+from optkit.onnx._ops.nn import build_conv
 
 OPS = Family("quantize")
 
@@ -109,7 +109,9 @@ def _quantize_linear(ctx):
     return quantize_linear
 
 
-@OPS.op("DequantizeLinear", 10, 13, 19, 21, 23, 24, 25, 28)
+@OPS.op("DequantizeLinear", 10, 13, 19, 21, 23, 24, 25, 28,
+        fusion=Fusion("QuantizeLinear", lambda q, dq: same_quantization(q, dq),
+                      lambda ctx, q_attrs: straight_through(ctx, q_attrs)))
 def _dequantize_linear(ctx):
     axis, block_size = int(ctx.attrs.get("axis", 1)), int(ctx.attrs.get("block_size", 0))
     declared = ctx.attrs.get("output_dtype", 0)
@@ -168,28 +170,18 @@ def fake_quantize(x, scale, zero_point, dtype, out_dtype):
     return fake(jnp.asarray(x), jnp.asarray(scale), zero)
 
 
-def fake_quantization(nodes) -> dict[int, object]:
-    """``{index of a DequantizeLinear: the QuantizeLinear node it undoes}`` for the QDQ pairs of a graph: the
-    DequantizeLinear reads the QuantizeLinear's output with the same scale and zero point (names) and the
-    same ``axis`` and ``block_size``, as ``onnxruntime.quantization`` writes them."""
-    producers = {out: node for node in nodes if node.op_type == "QuantizeLinear" and node.domain in ("", "ai.onnx")
-                 for out in node.output[:1]}
+def same_quantization(q, dq) -> bool:
+    """Whether a ``DequantizeLinear`` ``dq`` of a ``QuantizeLinear`` ``q``'s output undoes it: the same scale and
+    zero point (names), the same ``axis`` and ``block_size``, no declared output type of its own, as
+    ``onnxruntime.quantization`` writes QDQ pairs."""
 
     def attrs(node):
         found = {a.name: a.i for a in node.attribute if a.name in ("axis", "block_size", "output_dtype")}
         return found.get("axis", 1), found.get("block_size", 0)
 
-    pairs = {}
-    for index, node in enumerate(nodes):
-        q = producers.get(node.input[0]) if node.op_type == "DequantizeLinear" and node.input else None
-        if q is None or node.domain not in ("", "ai.onnx"):
-            continue
-        same_params = list(q.input[1:3]) + [""] * (3 - len(q.input)) == list(node.input[1:3]) + [""] * (
-            3 - len(node.input))
-        declared_out = any(a.name == "output_dtype" and a.i for a in node.attribute)
-        if same_params and attrs(q) == attrs(node) and not declared_out:
-            pairs[index] = q
-    return pairs
+    same_params = list(q.input[1:3]) + [""] * (3 - len(q.input)) == list(dq.input[1:3]) + [""] * (3 - len(dq.input))
+    declared_out = any(a.name == "output_dtype" and a.i for a in dq.attribute)
+    return same_params and attrs(q) == attrs(dq) and not declared_out
 
 
 def straight_through(ctx, q_attrs):
@@ -260,7 +252,7 @@ def _qlinear_matmul(ctx):
 
 @OPS.op("ConvInteger", 10)
 def _conv_integer(ctx):
-    conv = nn._conv(ctx)
+    conv = build_conv(ctx)
 
     def conv_integer(x, w, x_zero_point=None, w_zero_point=None):
         return conv(_centered(x, x_zero_point), _centered(w, w_zero_point, (1, 2, 3))).astype(jnp.int32)
@@ -270,7 +262,7 @@ def _conv_integer(ctx):
 
 @OPS.op("QLinearConv", 10)
 def _qlinear_conv(ctx):
-    conv = nn._conv(ctx)
+    conv = build_conv(ctx)
 
     def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None):
         acc = conv(_centered(x, x_zero_point), _centered(w, w_zero_point, (1, 2, 3)),

@@ -18,7 +18,7 @@ import numpy as np
 from jax import lax
 
 from optkit.onnx._ops._common import axis_index, axis_indices, checked_indices
-from optkit.onnx._ops._registry import Family, NodeContext
+from optkit.onnx._ops._registry import ELEMENTWISE, Family, Layout, NodeContext
 
 OPS = Family("shape")
 
@@ -73,7 +73,7 @@ def _reshape(ctx):
     return reshape
 
 
-@OPS.op("Transpose", 1, 13, 21, 23, 24, 25)
+@OPS.op("Transpose", 1, 13, 21, 23, 24, 25, layout=Layout("transpose"))
 def _transpose(ctx):
     perm = ctx.attrs.get("perm")
 
@@ -87,7 +87,7 @@ def _transpose(ctx):
     return transpose
 
 
-@OPS.op("Concat", 4, 11, 13)
+@OPS.op("Concat", 4, 11, 13, layout=Layout("concat"))
 def _concat(ctx):
     axis = ctx.attrs["axis"]
 
@@ -140,7 +140,7 @@ def _squeeze(ctx):
     return squeeze
 
 
-@OPS.op("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
+@OPS.op("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25, layout=ELEMENTWISE)
 def _identity(ctx):
     return lambda x: x
 
