@@ -149,8 +149,8 @@ class BackendRep(onnx.backend.base.BackendRep):
             with an initializer default may be left off the end), or a dict
             from input names to values. Values are NumPy or JAX arrays of the
             declared dtype, any integer dtype for an integer input (Python
-            numbers and lists are converted; the rule of
-            :mod:`optkit.onnx._feeds`).
+            numbers and lists are converted; docs "Training ONNX models in
+            JAX", "Integer and 64-bit types").
           as_numpy: return NumPy arrays (default), or JAX arrays that stay on
             the device (to feed back into the next step without a copy).
           donate: give XLA the buffers of these fed JAX arrays to write the
@@ -364,7 +364,7 @@ def run_node(node: onnx.NodeProto, inputs: Any, device: str = "CPU", **kwargs: A
     Example:
       >>> import numpy as np, optkit.onnx
       >>> from onnx import helper
-      >>> optkit.onnx.run_node(helper.make_node("Add", ["a", "b"], ["c"]), [np.int64(2), np.int64(3)])
-      Outputs(c=array(5))
+      >>> optkit.onnx.run_node(helper.make_node("Add", ["a", "b"], ["c"]), [np.float32(2), np.float32(3)])
+      Outputs(c=array(5., dtype=float32))
     """
     return Backend.run_node(node, inputs, device, **kwargs)

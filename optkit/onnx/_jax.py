@@ -4,7 +4,7 @@ The model goes through the one load pipeline (:mod:`optkit.onnx._load`); its
 trainable initializers become the parameters, every other initializer stays a
 constant, and :class:`OnnxFunction` runs the converted graph on
 ``(params, *inputs)`` in the caller's 64-bit setting (the dtype policy of
-:mod:`optkit.onnx._feeds`: INT64 as int32 with it off), so that it composes
+``optkit/onnx/_feeds.py``: INT64 as int32 with it off), so that it composes
 with ``jax.jit``, ``jax.grad``, ``jax.vmap``, Optax and Flax as any JAX
 function does.
 """

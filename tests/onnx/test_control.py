@@ -22,9 +22,6 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 import optkit.onnx  # noqa: E402
 from tests.onnx.helpers import onnx_info as _info  # noqa: E402
 
-# ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.
-pytestmark = pytest.mark.x64
-
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 
 

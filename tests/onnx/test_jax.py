@@ -226,7 +226,7 @@ def test_trainable_frozen_and_outputs_choose_what_apply_fn_takes_and_returns():
     (lambda f, p: f({**p, "W": jnp.ones((2, 2))}, np.ones((1, 3), np.float32)), ValueError, r"shape \(2, 2\)"),
     (lambda f, p: f(p, np.ones((1, 3), np.float64)), TypeError, "'x' is declared float32, fed float64"),
     (lambda f, p: f(p, np.ones((1, 4), np.float32)), ValueError, r"'x' is declared with shape \(N, 3\)"),
-    (lambda f, p: f(p), ValueError, r"graph inputs \['x'\] are not given"),
+    (lambda f, p: f(p), ValueError, r"graph inputs \['x'\] are not fed"),
     (lambda f, p: f(p, {"q": 1}), ValueError, "'q' is not a graph input"),
     (lambda f, p: f([1.0], np.ones((1, 3), np.float32)), TypeError, "params must be a mapping"),
 ])

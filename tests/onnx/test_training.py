@@ -421,8 +421,10 @@ def test_feeds_are_checked_before_running():
     good = _optimizer_feeds("Adagrad", [(2,)], np.float32, step=0)
     with pytest.raises(TypeError, match="'X0' is declared float32, fed float64"):
         rep.run({**good, "X0": good["X0"].astype(np.float64)})
-    with pytest.raises(TypeError, match="'T' is declared int64, fed int32"):
-        rep.run({**good, "T": np.int32(0)})
+    with pytest.raises(TypeError, match="'T' is declared int64, fed float32"):
+        rep.run({**good, "T": np.float32(0)})
+    with pytest.raises(ValueError, match=r"'T' is declared int64, whose range .*; the value 9223372036854775808"):
+        rep.run({**good, "T": np.uint64(2**63)})
     with pytest.raises(ValueError, match=r"'G0' is declared with shape \(2\), fed shape \(3,\)"):
         rep.run({**good, "G0": np.zeros(3, np.float32)})
     with pytest.raises(ValueError, match=r"graph inputs \['H0'\] are not fed"):

@@ -303,7 +303,11 @@ def _loop_traced(ctx, body, captured, trip, trip_count, cond, values, n, k):
 
         (_, final), _ = lax.scan(masked, (c0, init), jnp.arange(trip, dtype=jnp.int64), length=trip)
         return _single(final)
-    limit = None if trip_count is None else jnp.reshape(jnp.asarray(trip_count), ()).astype(jnp.int64)
+    if trip is not None:  # known: at most what the counter holds (int32 with 64-bit mode off, never wrapped:
+        counter = jax.dtypes.canonicalize_dtype(jnp.int64)  # torch.onnx's while loops count to 2^63 - 1)
+        limit = jnp.asarray(min(trip, int(np.iinfo(counter).max)), counter)
+    else:
+        limit = None if trip_count is None else jnp.reshape(jnp.asarray(trip_count), ()).astype(jnp.int64)
     return _single(_while(ctx, body, captured, n, limit, c0, init))
 
 
