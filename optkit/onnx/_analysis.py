@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -192,6 +193,8 @@ class Facts:
       grouped_convolution: a ``Conv`` or ``ConvTranspose`` with ``group`` > 1 anywhere.
       gradient: a ``Gradient`` node anywhere.
       default_trainable: the initializers trained by default (:func:`default_trainable`).
+      double: the model has DOUBLE or COMPLEX128 graph inputs, initializers or outputs (which run as float32
+        and complex64 while JAX's 64-bit mode is off).
     """
 
     read: frozenset[str]
@@ -199,13 +202,19 @@ class Facts:
     grouped_convolution: bool
     gradient: bool
     default_trainable: tuple[str, ...]
+    double: bool = False
 
 
-def facts_of(model: onnx.ModelProto, inputs: Sequence[str], initializers: Mapping[str, np.ndarray],
+def facts_of(model: onnx.ModelProto, inputs: Sequence[Any], initializers: Mapping[str, np.ndarray],
              static_initializers: frozenset[str]) -> Facts:
-    """:class:`Facts` of a checked ``model`` whose graph inputs are ``inputs`` and decoded initializers
-    ``initializers`` (``static_initializers``: those a static input slot reads)."""
+    """:class:`Facts` of a checked ``model`` whose graph inputs are ``inputs`` (``InputInfo`` records) and
+    decoded initializers ``initializers`` (``static_initializers``: those a static input slot reads)."""
     read = frozenset(name for _, node in nodes_of(model.graph) for name in node.input)
     grouped, gradient = grouped_convolution(model)
-    return Facts(read, updated_inputs(model.graph.node, inputs), grouped, gradient,
-                 default_trainable(initializers, read, static_initializers))
+    wide = {np.dtype(np.float64), np.dtype(np.complex128)}
+    double = (any(info.dtype is not None and np.dtype(info.dtype) in wide for info in inputs)
+              or any(np.asarray(v).dtype in wide for v in initializers.values())
+              or any(o.type.tensor_type.elem_type in (onnx.TensorProto.DOUBLE, onnx.TensorProto.COMPLEX128)
+                     for o in model.graph.output))
+    return Facts(read, updated_inputs(model.graph.node, [info.name for info in inputs]), grouped, gradient,
+                 default_trainable(initializers, read, static_initializers), double)

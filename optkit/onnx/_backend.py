@@ -25,7 +25,7 @@ from optkit import Graph
 from optkit.onnx._analysis import Facts
 from optkit.onnx._convert import Converted
 from optkit.onnx._errors import ValueDependentError
-from optkit.onnx._feeds import Feeds, graph_function, has_double
+from optkit.onnx._feeds import Feeds, graph_function
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits, jax_device
 from optkit.onnx._load import load
@@ -121,7 +121,7 @@ class BackendRep(onnx.backend.base.BackendRep):
         self.graph: Graph = loaded.graph
         self.inputs: tuple[InputInfo, ...] = loaded.inputs
         self.outputs: tuple[str, ...] = loaded.outputs
-        self._feeds = Feeds(self.inputs, loaded.static_inputs, double=has_double(loaded))
+        self._feeds = Feeds(self.inputs, loaded.static_inputs, double=loaded.facts.double)
         self.updated_inputs: tuple[str, ...] = loaded.facts.updated_inputs if loaded.facts else ()
         self._options = compiler_options(loaded.facts, device)
         self._result_type = onnx.backend.base.namedtupledict("Outputs", list(self.outputs))

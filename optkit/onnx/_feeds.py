@@ -30,7 +30,7 @@ import numpy as np
 from optkit import Graph
 from optkit._src.graph.names import shape_text
 
-__all__ = ["Feeds", "graph_function", "has_double", "reverse_mode_only", "reverse_mode_only_active", "run_dtype"]
+__all__ = ["Feeds", "graph_function", "reverse_mode_only", "reverse_mode_only_active", "run_dtype"]
 
 
 # ------------------------------------------------------------------ trace-time options
@@ -60,18 +60,6 @@ def reverse_mode_only_active() -> bool:
 def run_dtype(declared: Any) -> np.dtype:
     """The dtype a declared ONNX type runs as under the caller's 64-bit setting (INT64 -> int32 with it off)."""
     return np.dtype(jax.dtypes.canonicalize_dtype(declared))
-
-
-def has_double(loaded: Any) -> bool:
-    """Whether a loaded model (:class:`~optkit.onnx._convert.Converted`) has DOUBLE or COMPLEX128 graph inputs,
-    initializers or outputs."""
-    wide = {np.dtype(np.float64), np.dtype(np.complex128)}
-    if any(info.dtype is not None and np.dtype(info.dtype) in wide for info in loaded.inputs):
-        return True
-    if any(np.asarray(v).dtype in wide for v in loaded.graph.initializers.values()):
-        return True
-    outputs = loaded.model.graph.output if loaded.model is not None else ()
-    return any(o.type.tensor_type.elem_type in (11, 15) for o in outputs)  # DOUBLE, COMPLEX128
 
 
 def _mode_note(declared: np.dtype, wanted: np.dtype) -> str:

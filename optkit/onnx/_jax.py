@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 
 from optkit.onnx._convert import Converted
-from optkit.onnx._feeds import Feeds, graph_function, has_double, run_dtype
+from optkit.onnx._feeds import Feeds, graph_function, run_dtype
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits
 from optkit.onnx._load import load
@@ -95,7 +95,7 @@ class OnnxFunction:
         self._graph = loaded.graph
         self._specs = dict(param_specs)
         self._single = single
-        self._feeds = Feeds(self.inputs, loaded.static_inputs, double=has_double(loaded))
+        self._feeds = Feeds(self.inputs, loaded.static_inputs, double=loaded.facts.double)
         self._functions: dict[Any, Any] = {}
         self._reverse_only = reverse_mode_only
 

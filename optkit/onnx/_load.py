@@ -44,8 +44,7 @@ def load(model: ModelSource, limits: Limits, base_dir: str | os.PathLike[str] | 
     check_model(proto, origin)
     expanded = expand_functions(proto) if proto.functions else proto
     converted = convert(expanded, operators, limits)
-    facts = facts_of(proto, [info.name for info in converted.inputs], converted.graph.initializers,
-                     converted.static_initializers)
+    facts = facts_of(proto, converted.inputs, converted.graph.initializers, converted.static_initializers)
     return dataclasses.replace(converted, model=proto, facts=facts)
 
 

@@ -84,3 +84,17 @@ def test_the_adafactor_engine_knows_no_public_form():
     assert not imports & {"optkit._src.adafactor.transform", "optkit._src.adafactor.t5x"}
     assert not [name for name in names if "t5x" in name.lower()]
     assert "optkit._src.adafactor.transform" not in _imports_and_names("t5x")[0]
+
+
+def test_the_runners_read_what_loading_found_instead_of_the_proto():
+    """BackendRep and to_jax take updated inputs, grouped convolutions, the default trainable set and the DOUBLE
+    tensors from the load record (Converted.facts); neither walks the model's nodes again."""
+    import ast
+
+    for module in ("_backend", "_jax", "_nnx", "_feeds"):
+        tree = ast.parse(open(os.path.join(ROOT, "optkit", "onnx", f"{module}.py"), encoding="utf-8").read())
+        called = {n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
+                  for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        walks = called & {"nodes_of", "updated_inputs", "grouped_convolution", "looks_trainable", "facts_of"}
+        assert not walks, f"optkit/onnx/{module}.py calls {walks}"
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "node"], module
