@@ -19,7 +19,6 @@ import numpy as np
 import onnx
 import onnx.backend.base
 import onnx.defs
-import onnx.shape_inference
 
 from optkit import Graph
 from optkit.onnx._analysis import Facts
