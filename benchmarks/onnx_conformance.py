@@ -34,7 +34,7 @@ import unittest
 import warnings
 
 KINDS = ("node", "pytorch-converted", "pytorch-operator", "simple")
-CASES_FILE = pathlib.Path(__file__).resolve().parent.parent / "tests" / "onnx_backend_cases.txt"
+CASES_FILE = pathlib.Path(__file__).resolve().parent.parent / "tests" / "onnx" / "onnx_backend_cases.txt"
 
 # Cases no backend can pass by computing what ONNX specifies, and why (counted as skipped).
 SKIPPED = {

@@ -234,7 +234,7 @@ def overhead(calls: int = 3000) -> dict:
 
     import optkit.onnx
 
-    stem = pathlib.Path(__file__).resolve().parent.parent / "tests" / "models" / "torch_torchscript_mlp"
+    stem = pathlib.Path(__file__).resolve().parent.parent / "tests" / "onnx" / "models" / "torch_torchscript_mlp"
     rep = optkit.onnx.prepare(onnx.load(f"{stem}.onnx"))
     x = np.load(f"{stem}.npz")["input"]
     rep.run([x])

@@ -63,7 +63,7 @@ PARAMS = {
 }
 BATCH = 32
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ONNX_MODEL = os.path.join(ROOT, "tests", "models", "torch_torchscript_mlp.onnx")  # 64 -> 32 -> 10, torch.onnx
+ONNX_MODEL = os.path.join(ROOT, "tests", "onnx", "models", "torch_torchscript_mlp.onnx")  # 64 -> 32 -> 10, torch.onnx
 _FAULT = "OPTKIT_MULTIHOST_FAULT"  # tests: "exit:<process>" or "stall:<process>"
 
 

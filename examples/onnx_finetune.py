@@ -36,7 +36,7 @@ from tqdm import tqdm  # noqa: E402
 import optkit.onnx  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = ROOT / "tests" / "models" / "torch_torchscript_resnet18.onnx"
+DEFAULT_MODEL = ROOT / "tests" / "onnx" / "models" / "torch_torchscript_resnet18.onnx"
 
 
 def images(x: np.ndarray) -> np.ndarray:

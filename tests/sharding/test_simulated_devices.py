@@ -16,7 +16,7 @@ MODULES = device_modules()
 def test_the_device_modules_are_found():
     names = {os.path.basename(m) for m in MODULES}
     assert {"test_sharding.py", "test_flax_sharding.py", "test_flax_scan.py", "test_optax_sharding.py",
-            "test_onnx_jax_sharding.py"} <= names, names
+            "test_jax_sharding.py"} <= names, names
 
 
 if not has_devices():
