@@ -85,7 +85,8 @@ def _label(unit: str, members: list[str]) -> str:
         name = "optkit"
     if unit in PACKAGES:
         inner = sorted(m for m in members if m != "__init__")
-        return f"{name}/\n" + ", ".join(inner[:4]) + ("\n" + ", ".join(inner[4:]) if len(inner) > 4 else "")
+        rows = [inner[i:i + 4] for i in range(0, len(inner), 4)]  # four a line: the boxes stay narrow
+        return f"{name}/\n" + ",\n".join(", ".join(row) for row in rows)
     return name
 
 
