@@ -259,7 +259,7 @@ def _constant_true_condition(run, n, values) -> bool:
         return ()
 
     # The condition fed to an iteration is the one the last gave: True throughout a constant-true loop.
-    jax.make_jaxpr(lambda i, *v: probe(i, np.asarray(True), *v))(jnp.zeros((), jnp.int64),
+    jax.make_jaxpr(lambda i, *v: probe(i, np.asarray(True), *v))(jnp.zeros((), _counter()),
                                                                    *(jnp.asarray(v) for v in values))
     return found[0] is not None and bool(np.all(found[0]))
 
@@ -283,10 +283,10 @@ def _loop_traced(ctx, body, captured, trip, trip_count, cond, values, n, k):
             out = run(i, np.asarray(True), *carry)
             return fixed(out[1:1 + n], carry), tuple(jnp.asarray(y) for y in out[1 + n:])
 
-        shapes = jax.eval_shape(step, init, jnp.zeros((), jnp.int64))[1]
+        shapes = jax.eval_shape(step, init, jnp.zeros((), _counter()))[1]
         for shape, name in zip(shapes, ctx.outputs[n:]):
             ctx.check_size((trip, *shape.shape), shape.dtype, f"scan output {name!r}")
-        final, stacked = lax.scan(step, init, jnp.arange(trip, dtype=jnp.int64), length=trip)
+        final, stacked = lax.scan(step, init, jnp.arange(trip, dtype=_counter()), length=trip)
         return _single((*final, *stacked))
     if k:
         raise ValueDependentError(ctx.message(
@@ -301,14 +301,18 @@ def _loop_traced(ctx, body, captured, trip, trip_count, cond, values, n, k):
             kept = tuple(jnp.where(going, a, b) for a, b in zip(new, carry))
             return (jnp.logical_and(going, jnp.reshape(out[0], ()).astype(bool)), kept), ()
 
-        (_, final), _ = lax.scan(masked, (c0, init), jnp.arange(trip, dtype=jnp.int64), length=trip)
+        (_, final), _ = lax.scan(masked, (c0, init), jnp.arange(trip, dtype=_counter()), length=trip)
         return _single(final)
     if trip is not None:  # known: at most what the counter holds (int32 with 64-bit mode off, never wrapped:
-        counter = jax.dtypes.canonicalize_dtype(jnp.int64)  # torch.onnx's while loops count to 2^63 - 1)
-        limit = jnp.asarray(min(trip, int(np.iinfo(counter).max)), counter)
+        limit = jnp.asarray(min(trip, int(np.iinfo(_counter()).max)), _counter())  # torch.onnx: 2^63 - 1)
     else:
-        limit = None if trip_count is None else jnp.reshape(jnp.asarray(trip_count), ()).astype(jnp.int64)
+        limit = None if trip_count is None else jnp.reshape(jnp.asarray(trip_count), ()).astype(_counter())
     return _single(_while(ctx, body, captured, n, limit, c0, init))
+
+
+def _counter() -> np.dtype:
+    """The iteration counter's dtype: ONNX's INT64, as the caller's 64-bit setting runs it (int32 when off)."""
+    return np.dtype(jax.dtypes.canonicalize_dtype(jnp.int64))
 
 
 def _while(ctx, body, captured, n, limit, c0, init):
@@ -333,7 +337,7 @@ def _while(ctx, body, captured, n, limit, c0, init):
             out = run(i, going, *carry)
             return i + 1, jnp.reshape(out[0], ()).astype(bool), _carried(ctx, out[1:1 + n], carry, "loop-carried value")
 
-        return lax.while_loop(keep_going, step, (jnp.zeros((), jnp.int64), c0, init))[2]
+        return lax.while_loop(keep_going, step, (jnp.zeros((), _counter()), c0, init))[2]
 
     @jax.custom_vjp
     def guarded(limit, c0, init, traced):
