@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -212,3 +214,32 @@ def test_no_runner_switches_64_bit_mode_inside_a_call(monkeypatch):
             apply_fn(params, ids)
             rep.run([ids])
             assert seen and set(seen) == {x64}, (x64, seen)
+
+
+def _int64_identity():
+    info = lambda n: helper.make_tensor_value_info(n, TensorProto.INT64, ["N"])  # noqa: E731
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [info("x")], [info("y")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+IDENTITY = optkit.onnx.prepare(_int64_identity())
+IDENTITY_FN, _ = optkit.onnx.to_jax(_int64_identity())
+
+
+@settings(max_examples=40)
+@given(st.lists(st.integers(-(2**40), 2**40), min_size=1, max_size=6), st.sampled_from([np.int64, np.uint32, np.int16]))
+def test_an_integer_feed_runs_exactly_or_is_refused_never_wrapped(values, dtype):
+    """With 64-bit mode off an INT64 input runs as int32: each fed integer array either comes back with the same
+    values (both runners) or is refused naming the input, as NumPy says it fits int32 or not."""
+    fed = np.array(values, np.int64)
+    if not np.array_equal(fed.astype(dtype).astype(np.int64), fed):
+        return  # not representable in the fed dtype itself: nothing to feed
+    fed = fed.astype(dtype)
+    fits = bool(np.all((fed.astype(np.int64) >= -(2**31)) & (fed.astype(np.int64) < 2**31)))
+    with jax.enable_x64(False):
+        for run in (lambda v: IDENTITY.run([v]).y, lambda v: IDENTITY_FN({}, v)):
+            if fits:
+                np.testing.assert_array_equal(np.asarray(run(fed)).astype(np.int64), fed.astype(np.int64))
+            else:
+                with pytest.raises(ValueError, match="graph input 'x' is declared int64 .* does not fit"):
+                    run(fed)
