@@ -63,7 +63,10 @@ def make_training_model(
       trainable: the initializer names to train; default every floating-point initializer of
         rank >= 1 that a node reads and that looks like weights: finite, no magnitude whose square
         overflows the dtype (exporters' scalar constants and attention masks of -inf or of the
-        dtype's lowest value stay fixed). Integer initializers are never trainable.
+        dtype's lowest value stay fixed), read by a node of the graph or of its sub-graphs, and not
+        read where a value must be known before running (a ``Resize``'s scales): what
+        :func:`to_jax` trains, found by loading the model as :func:`prepare` does. Integer
+        initializers are never trainable.
       frozen: initializer names left out of ``trainable`` (ONNX Runtime's ``frozen_params``).
       output: the graph output the loss is taken of; default the first.
       optimizer_attributes: the optimizer node's attributes (``alpha``, ``beta``, ``epsilon``,
@@ -77,7 +80,9 @@ def make_training_model(
     Raises:
       ValueError: an unknown ``loss`` or ``optimizer``, an ``output`` or ``trainable`` name the
         model does not have, a non-float trainable initializer, no trainable initializer, or a
-        name the added tensors would take (``labels``, ``loss``...) already used in the model.
+        name the added tensors would take (``labels``, ``loss``...) already used in the model;
+        without ``trainable``, whatever :func:`prepare` refuses in loading the model (external data
+        not loaded, an unsupported operator: ``UnsupportedOpError``).
 
     Example:
       >>> import numpy as np, optkit.onnx
