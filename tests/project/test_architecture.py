@@ -98,3 +98,29 @@ def test_the_runners_read_what_loading_found_instead_of_the_proto():
         walks = called & {"nodes_of", "updated_inputs", "grouped_convolution", "looks_trainable", "facts_of"}
         assert not walks, f"optkit/onnx/{module}.py calls {walks}"
         assert not [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "node"], module
+
+
+def test_operator_families_keep_their_private_names_and_the_converter_knows_no_family():
+    """A family module imports no private name of another family (shared helpers live in _ops/_*.py modules);
+    the converter and the layout plan import no family; _layout.py holds no table of operator names."""
+    import ast
+    import re
+
+    ops = os.path.join(ROOT, "optkit", "onnx", "_ops")
+    families = {name[:-3] for name in os.listdir(ops) if name.endswith(".py") and not name.startswith("_")}
+    for name in sorted(families):
+        tree = ast.parse(open(os.path.join(ops, f"{name}.py"), encoding="utf-8").read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("optkit.onnx._ops."):
+                other = node.module.rsplit(".", 1)[1]
+                if other in families:
+                    private = [a.name for a in node.names if a.name.startswith("_")]
+                    assert not private, f"_ops/{name}.py imports {private} from the {other} family"
+    for stage in ("_convert", "_layout"):
+        source = open(os.path.join(ROOT, "optkit", "onnx", f"{stage}.py"), encoding="utf-8").read()
+        imported = set(re.findall(r"from optkit\.onnx\._ops\.(\w+) import", source))
+        assert not imported & families, f"{stage}.py imports the families {imported & families}"
+    layout = open(os.path.join(ROOT, "optkit", "onnx", "_layout.py"), encoding="utf-8").read()
+    code = "\n".join(line.split("#")[0] for line in layout.splitlines())
+    tables = re.findall(r'[\(\[{]\s*"[A-Z]\w+"\s*(?:,\s*"[A-Z]\w+"\s*)+', code)
+    assert not tables, f"_layout.py names operators in a table: {tables}"
