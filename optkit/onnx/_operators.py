@@ -110,7 +110,8 @@ def _missing_text(missing: dict[tuple[str, str, int], tuple[str, list[str]]]) ->
     lines = []
     for (domain, op_type, opset), (why, names) in missing.items():
         shown = ", ".join(repr(n) for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        lines.append(f"  {domain_text(domain)}::{op_type} (opset {opset}), node{'s' * (len(names) > 1)} {shown}: {why}")
+        lines.append(f"  {domain_text(domain)}::{op_type} (opset {opset}), {len(names)} node{'s' * (len(names) > 1)} "
+                     f"{shown}: {why}")
     return (f"the model uses {len(missing)} operator{'s' * (len(missing) > 1)} optkit.onnx does not run:\n"
             + "\n".join(lines))
 

@@ -1,0 +1,89 @@
+"""``python -m optkit.onnx`` / ``optkit-onnx``: ``check`` and ``summary`` on the committed exports and on files
+optkit cannot run."""
+
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+
+import onnx  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from optkit.onnx._cli import main, summary  # noqa: E402
+
+MODELS = pathlib.Path(__file__).parent / "models"
+EXPORTED = sorted(MODELS.glob("*.onnx"))
+
+
+@pytest.mark.parametrize("path", EXPORTED[::4], ids=lambda p: p.stem)
+def test_check_and_summary_on_exported_models(path, capsys):
+    """Every fourth committed export (the rest load in tests/onnx/test_models.py): check exits 0, and the summary
+    names each declared input and counts the nodes and initializers as the file has them."""
+    assert main(["check", str(path)]) == 0
+    assert "OK, every operator is supported" in capsys.readouterr().out
+    assert main(["summary", str(path)]) == 0
+    text = capsys.readouterr().out
+    model = onnx.load(str(path))
+    initial = {t.name for t in model.graph.initializer}
+    for graph_input in model.graph.input:
+        if graph_input.name not in initial:
+            assert f"\n  {graph_input.name}: " in "\n" + text
+    assert f"in {len(initial)} initializers" in text
+    assert "nodes: " in text and "trained by default" in text
+
+
+def _custom_model(tmp_path):
+    nodes = [helper.make_node("Relu", ["x"], ["h"]),
+             helper.make_node("FancyOp", ["h"], ["a"], domain="com.example", name="fancy1"),
+             helper.make_node("FancyOp", ["a"], ["y"], domain="com.example", name="fancy2")]
+    info = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2])  # noqa: E731
+    model = helper.make_model(helper.make_graph(nodes, "g", [info("x")], [info("y")]),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    path = tmp_path / "custom.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def test_check_exits_1_naming_an_unsupported_operator_with_its_count_and_nodes(tmp_path):
+    path = _custom_model(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "optkit.onnx", "check", str(path)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    assert "com.example::FancyOp (opset 1), 2 nodes 'fancy1', 'fancy2'" in result.stdout
+    assert main(["summary", str(path)]) == 1  # nothing to summarize that optkit cannot load
+
+
+def test_check_exits_1_on_a_file_that_is_not_a_model(tmp_path, capsys):
+    path = tmp_path / "not_a_model.onnx"
+    path.write_bytes(b"\x00\x01 this is not a protobuf")
+    assert main(["check", str(path)]) == 1
+    assert "cannot be loaded" in capsys.readouterr().out
+
+
+def test_the_summary_counts_what_the_file_holds():
+    """Against the numbers written into the file: the histogram, parameters by dtype, the trainable set and a
+    weight read by two nodes (tied when trained), an int8 weight a DequantizeLinear reads."""
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    q = np.array([[1, -2], [3, 4]], np.int8)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("MatMul", ["x", "W"], ["h2"]),
+             helper.make_node("Add", ["h", "h2"], ["y"]),
+             helper.make_node("DequantizeLinear", ["Q", "s"], ["d"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4]),
+         helper.make_tensor_value_info("d", TensorProto.FLOAT, [2, 2])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(q, "Q"),
+         numpy_helper.from_array(np.float32(0.5), "s")])
+    text = summary(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    lines = text.splitlines()
+    assert "  x: float (batch, 3)" in lines and "  y: float (batch, 4)" in lines
+    assert "nodes: 4 (3 operator types)" in lines and "  MatMul: 2" in lines
+    assert "parameters: 17 in 3 initializers" in lines  # 12 + 4 + 1
+    assert "  float32: 13 (52 B)" in lines and "  int8: 4 (4 B)" in lines
+    assert "trained by default (to_jax, make_training_model): 1 initializers, 12 values" in lines
+    assert "  W: 2 nodes" in lines
+    assert "quantized weights: 1 integer initializers read by quantized operators" in lines
