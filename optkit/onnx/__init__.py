@@ -107,3 +107,12 @@ def __getattr__(name: str) -> type:
             raise ImportError('optkit.onnx.OnnxModule needs flax: pip install "optkit[examples]" or flax') from err
         return OnnxModule
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public names, ``OnnxModule`` included (it is imported on first use)."""
+    return sorted(set(globals()) | set(__all__))
+
+
+# The public path in tracebacks and reprs: ``optkit.onnx.UnsupportedOpError``, not the private module's.
+UnsupportedOpError.__module__ = TensorTooLargeError.__module__ = __name__

@@ -87,3 +87,17 @@ def test_the_summary_counts_what_the_file_holds():
     assert "trained by default (to_jax, make_training_model): 1 initializers, 12 values" in lines
     assert "  W: 2 nodes" in lines
     assert "quantized weights: 1 integer initializers read by quantized operators" in lines
+
+
+def test_the_public_names_are_listed_and_errors_carry_their_public_path(tmp_path):
+    import traceback
+
+    import optkit.onnx
+
+    assert {"OnnxModule", "UnsupportedOpError", "TensorTooLargeError", "to_jax"} <= set(dir(optkit.onnx))
+    try:
+        optkit.onnx.prepare(str(_custom_model(tmp_path)))
+    except optkit.onnx.UnsupportedOpError as err:
+        shown = "".join(traceback.format_exception_only(type(err), err))
+    assert shown.startswith("optkit.onnx.UnsupportedOpError: ")
+    assert optkit.onnx.TensorTooLargeError.__module__ == "optkit.onnx"
