@@ -57,8 +57,8 @@ def test_if_gradient_goes_through_the_branch_taken():
     apply_fn, params = optkit.onnx.to_jax(_if_model())
     assert params == {}  # nothing to train: an inference function
     f = jax.jit(jax.grad(lambda x: jnp.sum(apply_fn(params, x))))
-    np.testing.assert_allclose(f(jnp.array([1.0, 2.0])), [2.0, 2.0])
-    np.testing.assert_allclose(f(jnp.array([-1.0, -2.0])), np.cos([-1.0, -2.0]), rtol=1e-6)
+    np.testing.assert_allclose(f(jnp.array([1.0, 2.0], jnp.float32)), [2.0, 2.0])
+    np.testing.assert_allclose(f(jnp.array([-1.0, -2.0], jnp.float32)), np.cos([-1.0, -2.0]), rtol=1e-6)
 
 
 def test_if_branches_of_different_shapes_need_a_known_condition():
@@ -110,12 +110,12 @@ def test_a_gradient_through_a_while_loop_is_refused_naming_the_node():
     apply_fn, params = optkit.onnx.to_jax(_halving_loop())
     with pytest.raises(ValueError, match=r"node 'halve' \(ai.onnx::Loop-16, opset 17\): a gradient through "
                                          r"this Loop is not defined"):
-        jax.grad(lambda v: jnp.sum(apply_fn(params, v)))(jnp.array([8.0, 4.0, 2.0]))
+        jax.grad(lambda v: jnp.sum(apply_fn(params, v)))(jnp.array([8.0, 4.0, 2.0], jnp.float32))
 
 
 def test_a_small_known_trip_count_with_a_computed_condition_is_differentiable():
     apply_fn, params = optkit.onnx.to_jax(_halving_loop(trip=10))
-    g = jax.jit(jax.grad(lambda v: jnp.sum(apply_fn(params, v))))(jnp.array([8.0, 4.0, 2.0]))
+    g = jax.jit(jax.grad(lambda v: jnp.sum(apply_fn(params, v))))(jnp.array([8.0, 4.0, 2.0], jnp.float32))
     halvings = int(np.log2(np.sum([8.0, 4.0, 2.0]) / np.sum(_halved([8.0, 4.0, 2.0]))) + 0.5)
     np.testing.assert_allclose(g, np.full(3, 0.5**halvings), rtol=1e-6)
 
