@@ -28,6 +28,7 @@ import ``onnx``.
 - :func:`make_training_model` — an inference model plus a loss, a Gradient node and an optimizer
   node over its initializers; :func:`with_initializers` writes trained weights back;
 - :func:`supported_ops` — the op table's ``(domain, op_type, since_version)`` rows;
+- :func:`register_op` / :func:`unregister_op` — a JAX function for an operator of your own or a vendor's;
 - :class:`UnsupportedOpError` — raised for operators, versions or types optkit does not run;
 - :class:`TensorTooLargeError` — a tensor above ``max_tensor_bytes`` (default
   :func:`default_max_tensor_bytes`), refused before it is allocated.
@@ -61,6 +62,7 @@ except ImportError as _err:
     ) from _err
 
 from optkit.onnx._backend import Backend, BackendRep, prepare, run_model, run_node
+from optkit.onnx._custom import register_op, unregister_op
 from optkit.onnx._errors import TensorTooLargeError, UnsupportedOpError
 from optkit.onnx._files import ModelSource, load_model
 from optkit.onnx._jax import OnnxFunction, to_jax
@@ -85,11 +87,13 @@ __all__ = [
     "load_model",
     "make_training_model",
     "prepare",
+    "register_op",
     "run_model",
     "run_node",
     "supported_ops",
     "to_graph",
     "to_jax",
+    "unregister_op",
     "with_initializers",
 ]
 

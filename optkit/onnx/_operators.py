@@ -113,7 +113,8 @@ def _missing_text(missing: dict[tuple[str, str, int], tuple[str, list[str]]]) ->
         lines.append(f"  {domain_text(domain)}::{op_type} (opset {opset}), {len(names)} node{'s' * (len(names) > 1)} "
                      f"{shown}: {why}")
     return (f"the model uses {len(missing)} operator{'s' * (len(missing) > 1)} optkit.onnx does not run:\n"
-            + "\n".join(lines))
+            + "\n".join(lines) + "\nTo run an operator of your own or a vendor's, register a JAX function for it "
+            "with optkit.onnx.register_op(domain, op_type, fn) (docs: 'Custom operators').")
 
 
 @functools.cache

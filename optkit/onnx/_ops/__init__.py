@@ -33,8 +33,9 @@ Where an operator goes: its family module, by what it does:
 Each module registers its builders with one form, the
 decorator ``@OPS.op(op_type, *since_versions, params=..., static_inputs=...)``
 (:class:`~optkit.onnx._ops._registry.Family`); :data:`TABLE` is assembled here
-explicitly, so importing a family module changes nothing elsewhere. The docs'
-ONNX page, "Adding an operator", says how versions and tests are declared.
+explicitly, so importing a family module changes nothing elsewhere; a user's operators are added to it by
+:func:`optkit.onnx.register_op`. The docs' architecture page, "Adding an operator", says how versions and tests
+are declared.
 """
 
 from __future__ import annotations

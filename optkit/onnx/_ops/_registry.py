@@ -248,6 +248,43 @@ class OpTable:
                     self._versions.setdefault((spec.domain, spec.op_type), []).append(version)
         for versions in self._versions.values():
             versions.sort()
+        self._builtin = frozenset(self._rows)
+
+    def add(self, spec: OpSpec, *, replace: bool = False) -> None:
+        """Add a user's registration (:func:`optkit.onnx.register_op`) at each of its ``since_versions``.
+
+        Raises:
+          ValueError: an operator optkit itself runs (any version), or a user row already there without
+            ``replace``.
+        """
+        keys = [(spec.domain, spec.op_type, int(v)) for v in spec.since_versions]
+        if any(key[:2] == (spec.domain, spec.op_type) for key in self._builtin):
+            raise ValueError(f"{domain_text(spec.domain)}::{spec.op_type} is one of optkit's own operators; "
+                             f"register a custom operator under a domain of your own")
+        for key in keys:
+            if key in self._rows and not replace:
+                raise ValueError(f"{domain_text(key[0])}::{key[1]} version {key[2]} is registered already; "
+                                 f"pass replace=True to replace it")
+        for key in keys:
+            if key not in self._rows:
+                self._versions.setdefault(key[:2], []).append(key[2])
+                self._versions[key[:2]].sort()
+            self._rows[key] = spec
+
+    def remove(self, domain: str, op_type: str) -> bool:
+        """Remove a user's registrations of ``domain::op_type`` (every version); True if there were any.
+
+        Raises:
+          ValueError: one of optkit's own operators.
+        """
+        domain = normalize_domain(domain)
+        keys = [key for key in self._rows if key[:2] == (domain, op_type)]
+        if any(key in self._builtin for key in keys):
+            raise ValueError(f"{domain_text(domain)}::{op_type} is one of optkit's own operators")
+        for key in keys:
+            del self._rows[key]
+        self._versions.pop((domain, op_type), None)
+        return bool(keys)
 
     def lookup(self, domain: str, op_type: str, opset: int) -> tuple[OpSpec, int, onnx.defs.OpSchema | None]:
         """The registration for ``domain::op_type`` in a model importing ``opset`` for ``domain``, the
