@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,6 +31,8 @@ import numpy as np
 
 from optkit import Graph
 from optkit._src.graph.names import shape_text
+
+_log = logging.getLogger("optkit.onnx")
 
 __all__ = ["Feeds", "graph_function", "reverse_mode_only", "reverse_mode_only_active", "run_dtype"]
 
@@ -222,12 +226,33 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
         def run(*values):
             feeds = dict(zip(dynamic, values))
             feeds.update(static)
+            start = time.perf_counter()
             with reverse_mode_only(reverse_only), warnings.catch_warnings():
                 # With 64-bit mode off, an operator's INT64 or DOUBLE result runs as int32 or float32: the
                 # documented policy, not a surprise to warn about at every node.
                 warnings.filterwarnings("ignore", _TRUNCATED, UserWarning)
                 result = graph.evaluate(feeds, outputs, check_feeds=False)
+            if jit:
+                _log.info("traced the graph (%d nodes) in %.2f s", len(graph.nodes), time.perf_counter() - start)
             return tuple(result[name] for name in outputs)
 
-        fn = cache[key] = jax.jit(run, donate_argnums=donate, compiler_options=options) if jit else run
+        if not jit:
+            fn = cache[key] = run
+            return fn
+        jitted = jax.jit(run, donate_argnums=donate, compiler_options=options)
+
+        def first(*values):
+            # The first call traces, compiles and runs (inside a caller's jax.jit it only traces); later calls
+            # go straight to the jitted function.
+            start = time.perf_counter()
+            out = jitted(*values)
+            if any(isinstance(v, jax.core.Tracer) for v in values):
+                _log.info("traced inside a caller's transformation in %.2f s", time.perf_counter() - start)
+            else:
+                jax.block_until_ready(out)
+                _log.info("first call (trace, XLA compile, run) %.2f s", time.perf_counter() - start)
+            cache[key] = jitted
+            return out
+
+        fn = cache[key] = first
     return fn

@@ -4,6 +4,9 @@ every tensor it brings bounded, external data read only from the model's own dir
 
 from __future__ import annotations
 
+import collections
+import hashlib
+import logging
 import math
 import os
 from collections.abc import Iterator
@@ -17,6 +20,14 @@ from optkit.onnx._limits import Limits, check_size
 from optkit.onnx._ops._values import DTYPES, dtype_name, node_name, storage_bits
 
 __all__ = ["ModelSource", "load_model", "read_model", "check_model", "tensors_of"]
+
+_log = logging.getLogger("optkit.onnx")
+# Digests of the ModelProtos load_model checked and returned (bounded, no reference kept): given back to
+# to_jax or prepare, such a proto is not checked again (onnx.checker takes seconds on a large model).
+_CHECKED: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+_CHECKED_MAX = 64
+# External data above this many bytes is read with a progress bar (tqdm, where installed and on a terminal).
+PROGRESS_BYTES = 100 * 2**20
 
 ModelSource = onnx.ModelProto | bytes | bytearray | memoryview | str | os.PathLike[str] | IO[bytes]
 """What optkit.onnx loads a model from: a ``ModelProto``, its serialized bytes, a path, or a binary file object."""
@@ -75,7 +86,31 @@ def load_model(model: ModelSource, *, base_dir: str | os.PathLike[str] | None = 
     """
     proto, origin = read_model(model, base_dir, Limits.make(max_tensor_bytes))
     check_model(proto, origin)
+    digest = _digest(proto)
+    if digest is not None:
+        _CHECKED[digest] = None
+        while len(_CHECKED) > _CHECKED_MAX:
+            _CHECKED.popitem(last=False)
     return proto
+
+
+def _digest(proto: onnx.ModelProto) -> bytes | None:
+    """A digest of the serialized model (None above protobuf's 2 GiB)."""
+    try:
+        return hashlib.blake2b(proto.SerializeToString(), digest_size=20).digest()
+    except (ValueError, google.protobuf.message.EncodeError):
+        return None
+
+
+def check_once(proto: onnx.ModelProto, origin: str, given: Any) -> None:
+    """:func:`check_model`, unless ``given`` (what the caller passed) is a ModelProto that :func:`load_model`
+    checked and returned, unchanged since (by the digest of its bytes)."""
+    if isinstance(given, onnx.ModelProto) and proto is given:
+        digest = _digest(proto)
+        if digest is not None and digest in _CHECKED:
+            _log.debug("onnx.checker: %s was checked by load_model already", origin)
+            return
+    check_model(proto, origin)
 
 
 def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None,
@@ -251,10 +286,35 @@ def _load_external_data(proto: onnx.ModelProto, directory: str | None, origin: s
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)  # the caller's ModelProto is never modified
     root = os.path.realpath(directory)
-    for where, tensor, _ in tensors_of(copy):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            _read_external(tensor, root, directory, where)
+    tensors = [(where, tensor) for where, tensor, _ in tensors_of(copy)
+               if tensor.data_location == onnx.TensorProto.EXTERNAL]
+    total = sum(_declared_bytes(tensor) for _, tensor in tensors)
+    bar = _progress(total, f"reading the external data of {origin}")
+    for where, tensor in tensors:
+        _read_external(tensor, root, directory, where)
+        if bar is not None:
+            bar.update(len(tensor.raw_data))
+    if bar is not None:
+        bar.close()
+    _log.info("read %d external tensors (%d bytes) of %s", len(tensors), total, origin)
     return copy
+
+
+def _declared_bytes(tensor: onnx.TensorProto) -> int:
+    bits = storage_bits(DTYPES[tensor.data_type]) if tensor.data_type in DTYPES else 8
+    return math.prod(int(d) for d in tensor.dims) * bits // 8
+
+
+def _progress(total: int, what: str) -> Any:
+    """A tqdm bar over ``total`` bytes when that is above :data:`PROGRESS_BYTES` and tqdm is installed (shown
+    on a terminal only: ``disable=None``); else None."""
+    if total <= PROGRESS_BYTES:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="B", unit_scale=True, desc=what, disable=None, leave=False)
 
 
 def _parse(data: bytes, what: str) -> onnx.ModelProto:

@@ -11,6 +11,7 @@ function does.
 
 from __future__ import annotations
 
+import html
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -26,6 +27,7 @@ from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits
 from optkit.onnx._load import load
 from optkit.onnx._protos import InputInfo
+from optkit.onnx._summary import describe
 from optkit.onnx._training_model import select_trainable
 
 __all__ = ["OnnxFunction", "to_jax"]
@@ -98,6 +100,8 @@ class OnnxFunction:
         self._feeds = Feeds(self.inputs, loaded.static_inputs, double=loaded.facts.double)
         self._functions: dict[Any, Any] = {}
         self._reverse_only = reverse_mode_only
+        self._loaded = loaded
+        self._summary: str | None = None
 
     def __call__(self, params: Mapping[str, Any], *inputs: Any) -> Any:
         feeds = self._feeds.named(inputs[0] if len(inputs) == 1 and isinstance(inputs[0], Mapping) else inputs)
@@ -109,9 +113,26 @@ class OnnxFunction:
         result = run(*params.values(), *(feeds[name] for name in dynamic))
         return result[0] if self._single else result
 
+    def summary(self) -> str:
+        """What is in the model (``optkit-onnx summary``'s text, :func:`optkit.onnx._summary.describe`), and
+        what ``params`` holds: the initializers trained, their values and bytes."""
+        if self._summary is None:
+            sizes = {name: (int(np.prod(shape, dtype=np.int64)), np.dtype(dtype).itemsize)
+                     for name, (shape, dtype) in self._specs.items()}
+            count = sum(n for n, _ in sizes.values())
+            nbytes = sum(n * size for n, size in sizes.values())
+            self._summary = "\n".join([*describe(self._loaded),
+                                       f"params (apply_fn's first argument): {len(self.param_names)} initializers, "
+                                       f"{count:,} values, {nbytes:,} bytes",
+                                       f"returns: {list(self.outputs)}"])
+        return self._summary
+
     def __repr__(self) -> str:
-        return (f"OnnxFunction(inputs={[info.name for info in self.inputs]}, outputs={list(self.outputs)}, "
-                f"params={len(self.param_names)})")
+        return "OnnxFunction(\n" + "\n".join(f"  {line}" for line in self.summary().splitlines()) + "\n)"
+
+    def _repr_html_(self) -> str:
+        """The summary for notebooks (Jupyter shows it in place of ``repr``)."""
+        return "<pre>" + html.escape(repr(self)) + "</pre>"
 
     def _checked_params(self, params: Any) -> dict[str, Any]:
         if not isinstance(params, Mapping):

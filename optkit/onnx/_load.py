@@ -6,7 +6,8 @@
 2. :func:`~optkit.onnx._operators.check_operators`: every operator version
    looked up once in the op table; all the ones optkit does not run named
    in one error, before the checker's pass over a large model;
-3. :func:`~optkit.onnx._files.check_model`: ``onnx.checker``;
+3. :func:`~optkit.onnx._files.check_model`: ``onnx.checker`` (once: not again for a ModelProto that
+   :func:`~optkit.onnx.load_model` checked and returned unchanged);
 4. :func:`~optkit.onnx._functions.expand_functions`: model-local functions
    inlined, the expansion bounded;
 5. :func:`~optkit.onnx._convert.convert`: declarations decoded
@@ -16,7 +17,8 @@
 6. :func:`~optkit.onnx._analysis.facts_of`: what the runners need to know of the model, found once (updated
    inputs, initializers read, grouped convolutions, the default trainable set), kept in ``Converted.facts``.
 
-The bounds travel as one :class:`~optkit.onnx._limits.Limits` value.
+The bounds travel as one :class:`~optkit.onnx._limits.Limits` value. The ``optkit.onnx`` logger reports each
+load's stage times at INFO.
 :func:`load` is the one entry: :func:`to_graph`, :func:`optkit.onnx.prepare`
 (and through it ``run_model``, ``run_node`` and the ``Backend``) call it.
 """
@@ -24,27 +26,38 @@ The bounds travel as one :class:`~optkit.onnx._limits.Limits` value.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import time
 
 from optkit import Graph
 from optkit.onnx._analysis import facts_of
 from optkit.onnx._convert import Converted, convert
-from optkit.onnx._files import ModelSource, check_model, read_model
+from optkit.onnx._files import ModelSource, check_once, read_model
 from optkit.onnx._functions import expand_functions
 from optkit.onnx._limits import Limits
 from optkit.onnx._operators import check_operators
 
 __all__ = ["load", "to_graph"]
 
+_log = logging.getLogger("optkit.onnx")
+
 
 def load(model: ModelSource, limits: Limits, base_dir: str | os.PathLike[str] | None = None) -> Converted:
     """Read, check and convert ``model`` under ``limits``: the pipeline above; errors as :func:`to_graph`."""
+    times = [time.perf_counter()]
     proto, origin = read_model(model, base_dir, limits)
+    times.append(time.perf_counter())
     operators = check_operators(proto)
-    check_model(proto, origin)
+    check_once(proto, origin, model)
+    times.append(time.perf_counter())
     expanded = expand_functions(proto) if proto.functions else proto
     converted = convert(expanded, operators, limits)
     facts = facts_of(proto, converted.inputs, converted.graph.initializers, converted.static_initializers)
+    times.append(time.perf_counter())
+    read, check, build = (b - a for a, b in zip(times, times[1:]))
+    _log.info("loaded %s: read %.2f s, operators and onnx.checker %.2f s, converted %d nodes %.2f s", origin, read,
+              check, len(converted.graph.nodes), build)
     return dataclasses.replace(converted, model=proto, facts=facts)
 
 

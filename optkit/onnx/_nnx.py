@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -90,3 +91,14 @@ class OnnxModule(nnx.Module):
 
     def __call__(self, *inputs: Any) -> Any:
         return self.apply_fn({name: param[...] for name, param in self.params.items()}, *inputs)
+
+    def summary(self) -> str:
+        """What is in the model and what the module trains (:meth:`OnnxFunction.summary`)."""
+        return self.apply_fn.summary().replace("params (apply_fn's first argument)", "nnx.Param variables")
+
+    def __repr__(self) -> str:
+        return "OnnxModule(\n" + "\n".join(f"  {line}" for line in self.summary().splitlines()) + "\n)"
+
+    def _repr_html_(self) -> str:
+        """The summary for notebooks (Jupyter shows it in place of ``repr``)."""
+        return "<pre>" + html.escape(repr(self)) + "</pre>"

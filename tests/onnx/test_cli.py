@@ -101,3 +101,76 @@ def test_the_public_names_are_listed_and_errors_carry_their_public_path(tmp_path
         shown = "".join(traceback.format_exception_only(type(err), err))
     assert shown.startswith("optkit.onnx.UnsupportedOpError: ")
     assert optkit.onnx.TensorTooLargeError.__module__ == "optkit.onnx"
+
+
+@pytest.mark.parametrize("path", EXPORTED[1::4], ids=lambda p: p.stem)
+def test_run_compares_with_onnx_runtime_and_checks_the_gradient(path, capsys):
+    """Every fourth committed export (another quarter than check's and summary's): random inputs within the
+    declared shapes, ONNX Runtime's outputs within float32 rounding, jax.grad against central differences."""
+    pytest.importorskip("onnxruntime")
+    assert main(["run", str(path), "--compare-ort", "--grad", "--repeat", "1"]) == 0, capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "first call" in text and "steady" in text and "ONNX Runtime" in text
+    assert "MISMATCH" not in text and "gradient: " in text
+
+
+def test_run_takes_inputs_from_npz_and_symbolic_sizes(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    path = MODELS / "torch_dynamo_bert.onnx"
+    data = np.load(MODELS / "torch_dynamo_bert.npz")
+    np.savez(tmp_path / "inputs.npz", input=data["input"])
+    assert main(["run", str(path), "--inputs", str(tmp_path / "inputs.npz"), "--compare-ort", "--repeat", "1"]) == 0
+    text = capsys.readouterr().out
+    assert f"input input: int64{list(data['input'].shape)}" in text
+    symbolic = helper.make_model(helper.make_graph(
+        [helper.make_node("Gather", ["E", "ids"], ["y"])], "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])],
+        [numpy_helper.from_array(np.arange(20, dtype=np.float32).reshape(5, 4), "E")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(symbolic, str(tmp_path / "symbolic.onnx"))
+    argv = ["run", str(tmp_path / "symbolic.onnx"), "--dim", "batch=3", "--int-high", "5", "--compare-ort"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "input ids: int64[3, 2]" in text and "output y: float32[3, 2, 4]" in text, text
+    with pytest.raises(SystemExit, match="--dim takes NAME=SIZE"):
+        main(["run", str(path), "--dim", "batch"])
+
+
+def test_run_exits_1_on_a_wrong_gradient_and_on_outputs_that_differ(tmp_path, capsys):
+    """A registered operator whose custom VJP doubles the gradient: --grad sees it. An output that differs from
+    ONNX Runtime's beyond float32 rounding: the comparison reports it."""
+    import jax
+    import jax.numpy as jnp
+
+    import optkit.onnx
+    from optkit.onnx._cli_run import _compare
+
+    @jax.custom_vjp
+    def wrong(x):
+        return jnp.sin(x)
+
+    wrong.defvjp(lambda x: (jnp.sin(x), x), lambda x, g: (2 * g * jnp.cos(x),))
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]),
+             helper.make_node("WrongSin", ["h"], ["y"], domain="com.example.cli")]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+                          [numpy_helper.from_array(np.full((3, 2), 0.3, np.float32), "W")]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example.cli", 1)])
+    path = tmp_path / "wrong.onnx"
+    onnx.save(model, str(path))
+    optkit.onnx.register_op("com.example.cli", "WrongSin", lambda x: wrong(x))
+    try:
+        assert main(["run", str(path), "--grad", "--repeat", "1"]) == 1
+        assert "MISMATCH" in capsys.readouterr().out
+        optkit.onnx.register_op("com.example.cli", "WrongSin", jnp.sin, replace=True)
+        assert main(["run", str(path), "--grad", "--repeat", "1"]) == 0
+    finally:
+        optkit.onnx.unregister_op("com.example.cli", "WrongSin")
+    capsys.readouterr()
+    want = np.array([1.0, 2.0, 3.0], np.float32)
+    assert _compare(["y"], (want * (1 + 1e-6),), [want], 1e-4, 1e-5)
+    assert not _compare(["y"], (want * (1 + 1e-3),), [want], 1e-4, 1e-5)
+    assert not _compare(["k"], (np.array([1, 2]),), [np.array([1, 3])], 1e-4, 1e-5)
+    assert capsys.readouterr().out.count("MISMATCH") == 2
