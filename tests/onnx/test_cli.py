@@ -103,10 +103,11 @@ def test_the_public_names_are_listed_and_errors_carry_their_public_path(tmp_path
     assert optkit.onnx.TensorTooLargeError.__module__ == "optkit.onnx"
 
 
-@pytest.mark.parametrize("path", EXPORTED[1::4], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", EXPORTED[1::8], ids=lambda p: p.stem)
 def test_run_compares_with_onnx_runtime_and_checks_the_gradient(path, capsys):
-    """Every fourth committed export (another quarter than check's and summary's): random inputs within the
-    declared shapes, ONNX Runtime's outputs within float32 rounding, jax.grad against central differences."""
+    """Every eighth committed export (others than check's and summary's; each export runs against ONNX Runtime
+    and float64 gradients in tests/onnx/test_models.py and test_jax.py): random inputs within the declared shapes,
+    ONNX Runtime's outputs within float32 rounding, jax.grad against central differences."""
     pytest.importorskip("onnxruntime")
     assert main(["run", str(path), "--compare-ort", "--grad", "--repeat", "1"]) == 0, capsys.readouterr().out
     text = capsys.readouterr().out

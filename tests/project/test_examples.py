@@ -56,7 +56,8 @@ def test_onnx_finetune_jax_trains_with_any_optimizer_and_onnx_runtime_agrees(tmp
 def test_onnx_finetune_jax_is_data_parallel_over_4_devices(tmp_path):
     """The same script on 4 simulated CPU devices (a child process: XLA reads the flag at start)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS"))}
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    env["XLA_FLAGS"] = " ".join([*(f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f),
+                                 "--xla_force_host_platform_device_count=4"])
     env["JAX_PLATFORMS"] = "cpu"
     result = subprocess.run([sys.executable, "-m", "examples.onnx_finetune_jax", "--steps", "30", "--out",
                              str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
