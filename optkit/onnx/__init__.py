@@ -26,7 +26,8 @@ import ``onnx``.
   initializers (:class:`OnnxFunction`), for Optax, optkit and ``jax.grad``; :class:`OnnxModule`
   the same as a Flax NNX module (needs ``flax``);
 - :func:`make_training_model` — an inference model plus a loss, a Gradient node and an optimizer
-  node over its initializers; :func:`with_initializers` writes trained weights back;
+  node over its initializers; :func:`next_feeds` carries a step's new weights and state into the next;
+  :func:`with_initializers` writes trained weights back;
 - :func:`supported_ops` — the op table's ``(domain, op_type, since_version)`` rows;
 - :func:`register_op` / :func:`unregister_op` — a JAX function for an operator of your own or a vendor's;
 - :class:`UnsupportedOpError` — raised for operators, versions or types optkit does not run;
@@ -70,7 +71,7 @@ from optkit.onnx._limits import GRADIENT_DEPTH_CEILING, MAX_GRADIENT_DEPTH, defa
 from optkit.onnx._load import to_graph
 from optkit.onnx._ops import supported_ops
 from optkit.onnx._protos import InputInfo
-from optkit.onnx._training_model import make_training_model, with_initializers
+from optkit.onnx._training_model import make_training_model, next_feeds, with_initializers
 
 __all__ = [
     "Backend",
@@ -86,6 +87,7 @@ __all__ = [
     "default_max_tensor_bytes",
     "load_model",
     "make_training_model",
+    "next_feeds",
     "prepare",
     "register_op",
     "run_model",

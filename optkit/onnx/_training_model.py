@@ -18,7 +18,7 @@ from optkit.onnx._limits import Limits
 from optkit.onnx._load import load
 from optkit.onnx._ops._values import TRAINING_DOMAIN, normalize_domain
 
-__all__ = ["make_training_model", "select_trainable", "with_initializers"]
+__all__ = ["make_training_model", "next_feeds", "select_trainable", "with_initializers"]
 
 _LOSSES = ("softmax_cross_entropy", "mean_squared_error", "binary_cross_entropy_with_logits", "l1")
 # optimizer -> (state slots per parameter, the node's defaults for its attributes)
@@ -45,13 +45,15 @@ def make_training_model(
     of the output's shape), ``Gradient`` of the loss with respect to each trainable initializer,
     and an ``Adam``, ``Adagrad`` or ``Momentum`` node (``ai.onnx.preview.training``) that updates
     them. The new model's inputs are the model's own, then ``labels`` or ``target``, the learning
-    rate ``R`` (float scalar), the step count ``T`` (int64 scalar; ONNX Adam's ``T`` is the
-    number of steps taken, 0 at the first), then each parameter and its optimizer state
+    rate ``R`` (float scalar), the step count ``T`` (int64 scalar; feed ``t + 1`` at step ``t``
+    counted from 0, as ONNX Runtime's AdamW and ``optkit.adam`` count: ONNX Adam applies no bias
+    correction at ``T = 0``), then each parameter and its optimizer state
     (``<name>.adam_v``, ``<name>.adam_h``; ``.adagrad_h``; ``.momentum_v``), which stay
     initializers (their current values; zeros for the state) so that a run may leave them out.
     Its outputs are ``loss``, then ``<name>.new`` for each parameter, then the new state
     (``<name>.adam_v.new``...) in the order the inputs list them: feed each back for the next
-    step, or write the parameters into the inference model with :func:`with_initializers`.
+    step (:func:`next_feeds` does), or write the parameters into the inference model with
+    :func:`with_initializers`.
 
     Args:
       model: the inference model; not modified.
@@ -97,7 +99,7 @@ def make_training_model(
       >>> train = optkit.onnx.make_training_model(model)
       >>> step = optkit.onnx.prepare(train)
       >>> out = step.run({"x": np.ones((4, 3), np.float32), "labels": np.zeros(4, np.int64),
-      ...                 "R": np.float32(0.1), "T": np.int64(0)})
+      ...                 "R": np.float32(0.1), "T": np.int64(1)})
       >>> round(float(out.loss), 4), out[1].shape
       (0.6931, (3, 2))
 
@@ -305,3 +307,62 @@ def _by_initializer_name(values: Any) -> dict[str, Any]:
         keys = [k for k in keys if k != "value"]
         out[name if name is not None else str(keys[-1])] = leaf
     return out
+
+
+def next_feeds(training_model: onnx.ModelProto, outputs: Any) -> dict[str, Any]:
+    """The feeds that carry a training step's results into the next step: each output ``<name>.new`` of a
+    :func:`make_training_model` graph fed as its input ``<name>`` (every parameter and optimizer state).
+
+    A step whose new weights and moments are not fed back runs again from the initializers' values and trains
+    nothing, without an error; this helper is the one way to get the carry right. Add the batch, ``R`` and
+    ``T`` to the dict it returns.
+
+    Args:
+      training_model: the training graph (its outputs and inputs are read; not modified).
+      outputs: what ``prepare(training_model).run(...)`` returned (in ``graph.output`` order), or a mapping
+        from output names to values (``out["net.0.weight.new"]`` reads one result by name; the result's
+        attribute names are ONNX's namedtuple fields, ``_1, _2, ...`` for names that are not identifiers).
+
+    Returns:
+      ``{input name: value}`` for every ``*.new`` output whose name without ``.new`` is a graph input.
+
+    Raises:
+      ValueError: ``outputs`` does not have one value per graph output (or lacks a name), or the graph has no
+        ``*.new`` output that updates an input (not a training graph).
+
+    Example:
+      >>> import numpy as np, optkit.onnx
+      >>> from onnx import TensorProto, helper, numpy_helper
+      >>> graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+      ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
+      ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
+      ...     [numpy_helper.from_array(np.ones((2, 1), np.float32), "W")])
+      >>> train = optkit.onnx.make_training_model(helper.make_model(graph), loss="mean_squared_error")
+      >>> rep = optkit.onnx.prepare(train)
+      >>> feeds = {}
+      >>> for t in range(3):
+      ...     feeds.update(x=np.ones((4, 2), np.float32), target=np.zeros((4, 1), np.float32),
+      ...                  R=np.float32(0.1), T=np.int64(t + 1))
+      ...     out = rep.run(feeds)
+      ...     feeds = optkit.onnx.next_feeds(train, out)
+      >>> sorted(feeds)
+      ['W', 'W.adam_h', 'W.adam_v']
+    """
+    names = [o.name for o in training_model.graph.output]
+    if isinstance(outputs, Mapping) and not hasattr(outputs, "_fields"):
+        missing = [n for n in names if n not in outputs]
+        if missing:
+            raise ValueError(f"outputs lacks the graph outputs {missing}")
+        values = [outputs[n] for n in names]
+    else:
+        values = list(outputs)
+        if len(values) != len(names):
+            raise ValueError(f"outputs has {len(values)} values; the training graph has {len(names)} outputs "
+                             f"({names})")
+    inputs = {i.name for i in training_model.graph.input}
+    carried = {n.removesuffix(".new"): v for n, v in zip(names, values) if n.endswith(".new")
+               and n.removesuffix(".new") in inputs}
+    if not carried:
+        raise ValueError("the graph has no output '<input>.new' that updates one of its inputs: not a training "
+                         "graph of make_training_model")
+    return carried
