@@ -2,7 +2,8 @@
 
 ``python -m benchmarks.ort_training_reference --env DIR`` builds (once) a virtual environment in ``DIR`` with
 ``onnxruntime-training==1.19.2`` (the last release; ONNX Runtime's training API is deprecated since 1.20),
-``numpy<2``, ``onnx==1.16.2`` and torch (a CPU build; ``onnxruntime.training`` imports it), and runs ONNX Runtime's canonical flow in it:
+``numpy<2``, ``onnx==1.16.2`` and torch (a CPU build; ``onnxruntime.training`` imports it), and runs ONNX
+Runtime's canonical flow in it:
 ``onnxruntime.training.artifacts.generate_artifacts`` on the torch-exported MLP of ``tests/onnx/models``
 (``torch_torchscript_mlp.onnx``, 64 -> 32 -> GELU -> 10, its batch axis made symbolic), then
 ``api.CheckpointState.load_checkpoint``, ``api.Module`` and ``api.Optimizer`` for 50 steps over

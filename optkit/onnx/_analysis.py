@@ -24,6 +24,7 @@ from optkit.onnx._operators import nodes_of
 from optkit.onnx._ops._registry import OpSpec
 from optkit.onnx._ops._values import TRAINING_DOMAIN, node_name, node_where, normalize_domain
 from optkit.onnx._ops.training import OPTIMIZER_KINDS
+from optkit.onnx._untie import deduplicated
 
 __all__ = ["Facts", "check_gradient_work", "default_trainable", "facts_of", "grouped_convolution", "looks_trainable",
            "read_inside", "static_inputs", "subgraphs", "updated_inputs"]
@@ -195,6 +196,8 @@ class Facts:
       default_trainable: the initializers trained by default (:func:`default_trainable`).
       double: the model has DOUBLE or COMPLEX128 graph inputs, initializers or outputs (which run as float32
         and complex64 while JAX's 64-bit mode is off).
+      shared: ``{initializer: reading nodes}`` for the initializers an exporter shared between unrelated nodes
+        (:func:`optkit.onnx._untie.deduplicated`): trained, they tie those nodes.
     """
 
     read: frozenset[str]
@@ -203,6 +206,7 @@ class Facts:
     gradient: bool
     default_trainable: tuple[str, ...]
     double: bool = False
+    shared: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 def facts_of(model: onnx.ModelProto, inputs: Sequence[Any], initializers: Mapping[str, np.ndarray],
@@ -217,4 +221,4 @@ def facts_of(model: onnx.ModelProto, inputs: Sequence[Any], initializers: Mappin
               or any(o.type.tensor_type.elem_type in (onnx.TensorProto.DOUBLE, onnx.TensorProto.COMPLEX128)
                      for o in model.graph.output))
     return Facts(read, updated_inputs(model.graph.node, [info.name for info in inputs]), grouped, gradient,
-                 default_trainable(initializers, read, static_initializers), double)
+                 default_trainable(initializers, read, static_initializers), double, deduplicated(model))

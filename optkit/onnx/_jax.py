@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -170,6 +171,7 @@ def to_jax(
     max_gradient_depth: int | None = None,
     max_gradient_passes: int | None = None,
     reverse_mode_only: bool = False,
+    untie: bool | Sequence[str] = False,
 ) -> tuple[OnnxFunction, dict[str, jax.Array]]:
     """An ONNX model as a pure JAX function and its trainable parameters: ``apply_fn, params``.
 
@@ -204,6 +206,13 @@ def to_jax(
         ``jax.jacfwd``, ``jax.hessian``) then raises JAX's TypeError; reverse
         over reverse (``jax.grad`` of ``jax.grad``) still works. Default
         False: every JAX transformation works.
+      untie: give each node its own copy of the initializers the exporter shared between unrelated nodes
+        (torch.onnx's dynamo exporter writes one initializer for equal constants: every zero bias of a
+        BERT's LayerNorms is one), which training would otherwise tie; the copies are parameters named
+        ``<name>.untied.<k>`` (``apply_fn.model`` is the untied model, for :func:`with_initializers`).
+        True: every initializer read by several nodes of one operator at one input position (the rule of
+        the warning below); or a sequence of initializer names. Default False: a ``UserWarning`` names the
+        trainable initializers so shared.
 
     Returns:
       ``(apply_fn, params)``.
@@ -238,10 +247,18 @@ def to_jax(
       (3, 2)
     """
     limits = Limits.make(max_tensor_bytes, max_gradient_depth, max_gradient_passes=max_gradient_passes)
-    loaded = load(model, limits, base_dir)
+    loaded = load(model, limits, base_dir, untie=untie)
     values = dict(loaded.graph.initializers)
     floating = {name: bool(jnp.issubdtype(np.asarray(v).dtype, jnp.floating)) for name, v in values.items()}
     names = select_trainable(floating, loaded.facts.default_trainable, trainable, frozen, allow_empty=True)
+    tied = {name: loaded.facts.shared[name] for name in names if name in loaded.facts.shared}
+    if tied and not untie:
+        shown = "; ".join(f"{name!r} by {len(nodes)} nodes ({', '.join(map(repr, nodes[:3]))}"
+                          f"{', ...' if len(nodes) > 3 else ''})" for name, nodes in list(tied.items())[:3])
+        warnings.warn(f"{len(tied)} trainable initializer{'s are' if len(tied) > 1 else ' is'} read by several "
+                      f"nodes of one operator (an exporter's deduplication of equal constants): {shown}"
+                      f"{' and more' if len(tied) > 3 else ''}. Training ties those nodes; pass untie=True to give "
+                      f"each node its own copy, or frozen=[...] to keep them fixed", UserWarning, stacklevel=2)
     if outputs is None:
         chosen, single = loaded.outputs, len(loaded.outputs) == 1
     else:

@@ -8,6 +8,8 @@
    in one error, before the checker's pass over a large model;
 3. :func:`~optkit.onnx._files.check_model`: ``onnx.checker`` (once: not again for a ModelProto that
    :func:`~optkit.onnx.load_model` checked and returned unchanged);
+   With ``untie``, the checked model's shared initializers are copied per reading node
+   (:mod:`optkit.onnx._untie`);
 4. :func:`~optkit.onnx._functions.expand_functions`: model-local functions
    inlined, the expansion bounded;
 5. :func:`~optkit.onnx._convert.convert`: declarations decoded
@@ -29,6 +31,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Sequence
 
 from optkit import Graph
 from optkit.onnx._analysis import facts_of
@@ -37,19 +40,26 @@ from optkit.onnx._files import ModelSource, check_once, read_model
 from optkit.onnx._functions import expand_functions
 from optkit.onnx._limits import Limits
 from optkit.onnx._operators import check_operators
+from optkit.onnx._untie import deduplicated
+from optkit.onnx._untie import untie as untie_copies
 
 __all__ = ["load", "to_graph"]
 
 _log = logging.getLogger("optkit.onnx")
 
 
-def load(model: ModelSource, limits: Limits, base_dir: str | os.PathLike[str] | None = None) -> Converted:
-    """Read, check and convert ``model`` under ``limits``: the pipeline above; errors as :func:`to_graph`."""
+def load(model: ModelSource, limits: Limits, base_dir: str | os.PathLike[str] | None = None,
+         untie: bool | Sequence[str] = False) -> Converted:
+    """Read, check and convert ``model`` under ``limits``: the pipeline above; errors as :func:`to_graph`.
+    ``untie``: after the checks, give each node its own copy of the initializers an exporter shared (True:
+    those :func:`~optkit.onnx._untie.deduplicated` finds; or the names given), :func:`~optkit.onnx._untie.untie`."""
     times = [time.perf_counter()]
     proto, origin = read_model(model, base_dir, limits)
     times.append(time.perf_counter())
     operators = check_operators(proto)
     check_once(proto, origin, model)
+    if untie:
+        proto = untie_copies(proto, deduplicated(proto) if untie is True else untie)
     times.append(time.perf_counter())
     expanded = expand_functions(proto) if proto.functions else proto
     converted = convert(expanded, operators, limits)

@@ -29,7 +29,7 @@ class OnnxModule(nnx.Module):
 
     Args:
       model: a ``ModelProto``, its bytes, a path or a binary file object.
-      trainable, frozen, outputs: as :func:`to_jax`.
+      trainable, frozen, outputs, untie: as :func:`to_jax`.
       sharding: optional ``(name, shape) -> tuple of mesh axis names or None
         per axis`` (or None for a replicated parameter): stored as the
         parameter's ``out_sharding`` metadata (what ``nnx.with_partitioning``
@@ -70,9 +70,10 @@ class OnnxModule(nnx.Module):
     def __init__(self, model: ModelSource, *, trainable: Sequence[str] | None = None, frozen: Sequence[str] = (),
                  outputs: str | Sequence[str] | None = None,
                  sharding: Callable[[str, tuple[int, ...]], Sequence[str | None] | None] | None = None,
-                 base_dir: str | os.PathLike[str] | None = None, **limits: Any) -> None:
+                 base_dir: str | os.PathLike[str] | None = None, untie: bool | Sequence[str] = False,
+                 **limits: Any) -> None:
         apply_fn, values = to_jax(model, trainable=trainable, frozen=frozen, outputs=outputs, base_dir=base_dir,
-                                  **limits)
+                                  untie=untie, **limits)
         self.apply_fn: OnnxFunction = apply_fn
         params = {}
         for name, value in values.items():

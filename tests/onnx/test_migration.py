@@ -79,8 +79,8 @@ def test_the_training_graph_port_feeds_the_step_count_from_1(setup):
     """make_training_model's Adam node, fed T = t + 1 (ONNX Adam applies no bias correction at T = 0), and each
     step's new weights and moments fed back (optkit.onnx.next_feeds): ONNX Runtime's AdamW losses."""
     model, x, y = setup
-    training = optkit.onnx.make_training_model(onnx.load_from_string(model), loss="mean_squared_error", optimizer="adam",
-                                               optimizer_attributes={"epsilon": 1e-6})
+    training = optkit.onnx.make_training_model(onnx.load_from_string(model), loss="mean_squared_error",
+                                               optimizer="adam", optimizer_attributes={"epsilon": 1e-6})
     rep = optkit.onnx.prepare(training)
     feeds, losses = {}, []
     for t, (inputs, target) in enumerate(batches(x, y, "MSELoss")):
