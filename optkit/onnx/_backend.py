@@ -111,12 +111,14 @@ class BackendRep(onnx.backend.base.BackendRep):
       Outputs(y=array([0., 2.], dtype=float32))
     """
 
-    def __init__(self, loaded: Converted, device: Any, *, jit: bool = True, limits: Limits) -> None:
+    def __init__(self, loaded: Converted, device: Any, *, jit: bool = True, limits: Limits,
+                 checks: bool = False) -> None:
         self.device: Any = device  # a jax.Device
         self.limits: Limits = limits
         self.model: onnx.ModelProto = loaded.model
         self._default_device = self.device == jax.devices()[0]
         self._jit = bool(jit)
+        self._checks = bool(checks)
         self.graph: Graph = loaded.graph
         self.inputs: tuple[InputInfo, ...] = loaded.inputs
         self.outputs: tuple[str, ...] = loaded.outputs
@@ -185,7 +187,7 @@ class BackendRep(onnx.backend.base.BackendRep):
         placement = contextlib.nullcontext() if self._default_device else jax.default_device(self.device)
         with placement:
             fn = graph_function(self._functions, self.graph, self.outputs, static, dynamic, jit=self._jit,
-                                donate=donated, options=None if traced else self._options)
+                                donate=donated, options=None if traced else self._options, checks=self._checks)
             if not self._jit:
                 # Op by op, NumPy values would be folded as constants: make them JAX arrays.
                 values = [jnp.asarray(v) for v in values]
@@ -267,6 +269,7 @@ def prepare(
     max_tensor_bytes: int | None = None,
     max_gradient_depth: int | None = None,
     max_gradient_passes: int | None = None,
+    checks: bool = False,
 ) -> BackendRep:
     """Load an ONNX model for repeated runs (``Backend.prepare``).
 
@@ -282,6 +285,10 @@ def prepare(
       max_gradient_depth: how deep Gradient nodes may nest, 1 to 16 (default 8).
       max_gradient_passes: the reverse passes the Gradient nodes may need in
         all (default 4096).
+      checks: raise on an out-of-range index of a ``Gather``, ``GatherElements``, ``GatherND``,
+        ``ScatterElements`` or ``ScatterND``, naming the node, as ONNX Runtime does
+        (``jax.experimental.checkify``: ``checkify.JaxRuntimeError``, a ``ValueError``). Default False:
+        such an index gives NaN or the type's fill value, never another element.
 
     Returns:
       A :class:`BackendRep`; call its ``run(inputs)``.
@@ -309,7 +316,7 @@ def prepare(
     """
     placed = jax_device(device)
     limits = Limits.make(max_tensor_bytes, max_gradient_depth, placed, max_gradient_passes)
-    return BackendRep(load(model, limits, base_dir), placed, jit=jit, limits=limits)
+    return BackendRep(load(model, limits, base_dir), placed, jit=jit, limits=limits, checks=checks)
 
 
 def run_model(model: ModelSource, inputs: Any, device: str = "CPU", *, jit: bool = True,

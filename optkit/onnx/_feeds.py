@@ -28,13 +28,15 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import checkify
 
 from optkit import Graph
 from optkit._src.graph.names import shape_text
 
 _log = logging.getLogger("optkit.onnx")
 
-__all__ = ["Feeds", "graph_function", "reverse_mode_only", "reverse_mode_only_active", "run_dtype"]
+__all__ = ["Feeds", "graph_function", "index_checks", "index_checks_active", "reverse_mode_only",
+           "reverse_mode_only_active", "run_dtype"]
 
 
 # ------------------------------------------------------------------ trace-time options
@@ -57,6 +59,26 @@ def reverse_mode_only(enabled: bool):
 def reverse_mode_only_active() -> bool:
     """Whether the graph being traced is traced for reverse-mode differentiation only."""
     return _REVERSE_MODE_ONLY.get()
+
+
+# True while a graph traced with index checks is evaluated (to_jax(..., checks=True), prepare(..., checks=True)):
+# every gathered or scattered index that is out of range raises through jax.experimental.checkify.
+_INDEX_CHECKS = contextvars.ContextVar("optkit_onnx_index_checks", default=False)
+
+
+@contextlib.contextmanager
+def index_checks(enabled: bool):
+    """Within this block, graphs are traced with ``checkify`` checks of their gather and scatter indices."""
+    token = _INDEX_CHECKS.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _INDEX_CHECKS.reset(token)
+
+
+def index_checks_active() -> bool:
+    """Whether the graph being traced checks its gather and scatter indices (``checkify.check``)."""
+    return _INDEX_CHECKS.get()
 
 
 # ------------------------------------------------------------------ the dtype policy
@@ -211,13 +233,16 @@ _TRUNCATED = r"Explicitly requested dtype (int64|uint64|float64|complex128) requ
 
 def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], static: dict[str, np.ndarray],
                    dynamic: tuple[str, ...], *, jit: bool = True, donate: tuple[int, ...] = (),
-                   options: dict[str, Any] | None = None, reverse_only: bool = False):
+                   options: dict[str, Any] | None = None, reverse_only: bool = False, checks: bool = False):
     """``f(*values)`` -> the ``outputs`` of ``graph`` fed ``dynamic`` names positionally and ``static`` values as
     constants (the feeds checked by :class:`Feeds`), jitted with the ``donate`` positions donated and the XLA
     ``options``, traced for reverse-mode differentiation only if ``reverse_only`` (``to_jax``'s
-    ``reverse_mode_only``); made once per ``dynamic`` names, ``donate``, ``options``, ``reverse_only``, the
-    caller's 64-bit setting and ``static`` values, kept in ``cache``."""
-    key = (dynamic, donate, tuple(sorted((options or {}).items())), reverse_only, bool(jax.config.jax_enable_x64),
+    ``reverse_mode_only``) and with index checks if ``checks`` (``jax.experimental.checkify``: a compiled
+    function raises the first failed check after running; op by op, ``jit=False``, the checks are left to a
+    caller's ``checkify.checkify``); made once per ``dynamic`` names, ``donate``, ``options``,
+    ``reverse_only``, ``checks``, the caller's 64-bit setting and ``static`` values, kept in ``cache``."""
+    key = (dynamic, donate, tuple(sorted((options or {}).items())), reverse_only, checks,
+           bool(jax.config.jax_enable_x64),
            tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
     fn = cache.get(key)
     if fn is None:
@@ -227,7 +252,7 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
             feeds = dict(zip(dynamic, values))
             feeds.update(static)
             start = time.perf_counter()
-            with reverse_mode_only(reverse_only), warnings.catch_warnings():
+            with reverse_mode_only(reverse_only), index_checks(checks), warnings.catch_warnings():
                 # With 64-bit mode off, an operator's INT64 or DOUBLE result runs as int32 or float32: the
                 # documented policy, not a surprise to warn about at every node.
                 warnings.filterwarnings("ignore", _TRUNCATED, UserWarning)
@@ -239,7 +264,16 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
         if not jit:
             fn = cache[key] = run
             return fn
-        jitted = jax.jit(run, donate_argnums=donate, compiler_options=options)
+        if checks:  # the checks functionalized inside the compiled program, raised after it ran
+            compiled = jax.jit(checkify.checkify(run, errors=checkify.user_checks), donate_argnums=donate,
+                               compiler_options=options)
+
+            def jitted(*values):
+                err, out = compiled(*values)
+                err.throw()
+                return out
+        else:
+            jitted = jax.jit(run, donate_argnums=donate, compiler_options=options)
 
         def first(*values):
             # The first call traces, compiles and runs (inside a caller's jax.jit it only traces); later calls

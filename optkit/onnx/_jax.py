@@ -90,7 +90,8 @@ class OnnxFunction:
     """
 
     def __init__(self, loaded: Converted, param_specs: Mapping[str, tuple[tuple[int, ...], np.dtype]],
-                 outputs: tuple[str, ...], single: bool, reverse_mode_only: bool = False) -> None:
+                 outputs: tuple[str, ...], single: bool, reverse_mode_only: bool = False,
+                 checks: bool = False) -> None:
         self.model: onnx.ModelProto | None = loaded.model
         self.inputs: tuple[InputInfo, ...] = loaded.inputs
         self.outputs: tuple[str, ...] = outputs
@@ -101,6 +102,7 @@ class OnnxFunction:
         self._feeds = Feeds(self.inputs, loaded.static_inputs, double=loaded.facts.double)
         self._functions: dict[Any, Any] = {}
         self._reverse_only = reverse_mode_only
+        self._checks = bool(checks)
         self._loaded = loaded
         self._summary: str | None = None
 
@@ -109,9 +111,12 @@ class OnnxFunction:
         params = self._checked_params(params)
         feeds = self._feeds.checked(feeds)
         static, dynamic = self._feeds.split(feeds)
+        values = (*params.values(), *(feeds[name] for name in dynamic))
+        # With checks, inside a caller's trace the checks are staged for the caller's checkify.checkify.
+        inside = self._checks and any(isinstance(v, jax.core.Tracer) for v in values)
         run = graph_function(self._functions, self._graph, self.outputs, static, (*params, *dynamic),
-                             reverse_only=self._reverse_only)
-        result = run(*params.values(), *(feeds[name] for name in dynamic))
+                             reverse_only=self._reverse_only, checks=self._checks, jit=not inside)
+        result = run(*values)
         return result[0] if self._single else result
 
     def summary(self) -> str:
@@ -172,6 +177,7 @@ def to_jax(
     max_gradient_passes: int | None = None,
     reverse_mode_only: bool = False,
     untie: bool | Sequence[str] = False,
+    checks: bool = False,
 ) -> tuple[OnnxFunction, dict[str, jax.Array]]:
     """An ONNX model as a pure JAX function and its trainable parameters: ``apply_fn, params``.
 
@@ -213,6 +219,13 @@ def to_jax(
         True: every initializer read by several nodes of one operator at one input position (the rule of
         the warning below); or a sequence of initializer names. Default False: a ``UserWarning`` names the
         trainable initializers so shared.
+      checks: check every index that ``Gather``, ``GatherElements``, ``GatherND``, ``ScatterElements`` and
+        ``ScatterND`` (``Scatter``) read, as ONNX Runtime does: called with concrete values, ``apply_fn`` runs
+        compiled with ``jax.experimental.checkify`` and an out-of-range index raises
+        ``checkify.JaxRuntimeError`` (a ``ValueError``) naming the node; inside your own ``jax.jit`` (or
+        ``grad``), wrap the function with ``checkify.checkify(f, errors=checkify.user_checks)`` and call
+        ``err.throw()``. Default False: an out-of-range index gives NaN (floats) or the type's fill value,
+        never another element (JAX's ``mode="fill"``), and costs nothing.
 
     Returns:
       ``(apply_fn, params)``.
@@ -270,4 +283,4 @@ def to_jax(
                              f"{list(loaded.outputs)}")
     specs = {name: (tuple(np.shape(values[name])), np.asarray(values[name]).dtype) for name in names}
     params = {name: jnp.asarray(values[name], run_dtype(specs[name][1])) for name in names}
-    return OnnxFunction(loaded, specs, tuple(chosen), single, reverse_mode_only), params
+    return OnnxFunction(loaded, specs, tuple(chosen), single, reverse_mode_only, checks), params

@@ -9,7 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental import checkify
 
+from optkit.onnx._feeds import index_checks_active
 from optkit.onnx._ops._registry import NodeContext
 
 __all__ = ["on_cpu", "axis_index", "axis_indices", "is_integer", "lowest", "checked_indices", "below_max", "softmax",
@@ -55,6 +57,9 @@ def checked_indices(ctx: NodeContext, indices: Any, size: int, where: str) -> An
     in any dtype, and ``mode="fill"`` then gives NaN (floats) or the fill value
     of the type, as for any out-of-range index, never a valid element.
 
+    With index checks on (``to_jax(..., checks=True)``, :mod:`optkit.onnx._feeds`), an out-of-range index
+    fails a ``checkify.check`` that names the node, as ONNX Runtime raises.
+
     Raises:
       TypeError: indices of another type (ONNX's type constraint; uint64
         indices would silently give NaN, int8 ones overflow).
@@ -69,6 +74,9 @@ def checked_indices(ctx: NodeContext, indices: Any, size: int, where: str) -> An
             raise ctx.error(f"indices {bad.tolist()[:8]} are out of range for {where} of size {size}")
     indices = jnp.asarray(indices)
     valid = (indices >= -size) & (indices < size)
+    if index_checks_active():
+        checkify.check(jnp.all(valid), ctx.message(f"an index is out of range for {where} of size {size} "
+                                                   f"(valid: -{size} to {size - 1})"))
     normalized = jnp.where(indices < 0, indices + size, indices)
     return jnp.where(valid, normalized, jnp.asarray(size, indices.dtype))
 
