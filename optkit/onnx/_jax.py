@@ -82,8 +82,8 @@ class OnnxFunction:
       ...     [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 2])],
       ...     [numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(3, 2), "table")])
       >>> apply_fn, params = optkit.onnx.to_jax(helper.make_model(graph))
-      >>> apply_fn
-      OnnxFunction(inputs=['ids'], outputs=['rows'], params=1)
+      >>> print(repr(apply_fn).splitlines()[:5])
+      ['OnnxFunction(', '  inputs:', '    ids: int64 (N)', '  outputs:', '    rows: float (N, 2)']
       >>> apply_fn(params, {"ids": np.array([2, 0], np.int32)})  # int32 into the INT64 input
       Array([[4., 5.],
              [0., 1.]], dtype=float32)

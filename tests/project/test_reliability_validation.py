@@ -607,6 +607,17 @@ for fn, case, thunk, exc, words in [
     ("Backend", "run_model garbage", lambda: optkit.onnx.Backend.run_model(b"garbage", []), ValueError, "malformed ONNX model bytes"),
     ("Backend", "prepare on a bad device", lambda: optkit.onnx.Backend.prepare(_relu(), "CUDA:x"), ValueError, "device must be 'CPU' or 'CUDA[:index]', got 'CUDA:x'"),
     ("Backend", "run_node kwargs", lambda: optkit.onnx.Backend.prepare(_relu()).run([np.ones(3, np.float32)], bogus=1), TypeError, "unexpected keyword arguments ['bogus']"),
+    ("register_op", "an operator optkit runs", lambda: optkit.onnx.register_op("", "Relu", np.tanh), ValueError, "ai.onnx::Relu is one of optkit's own operators"),
+    ("register_op", "since_version 0", lambda: optkit.onnx.register_op("com.x", "Y", np.tanh, since_version=0), ValueError, "since_version must be an integer >= 1, got 0"),
+    ("register_op", "fn not callable", lambda: optkit.onnx.register_op("com.x", "Y", 3), TypeError, "fn must be callable, got int"),
+    ("register_op", "empty op_type", lambda: optkit.onnx.register_op("com.x", "", np.tanh), ValueError, "op_type a non-empty string"),
+    ("register_op", "negative static input", lambda: optkit.onnx.register_op("com.x", "Y", np.tanh, static_inputs=(-1,)), ValueError, "static_inputs must be input positions"),
+    ("unregister_op", "Relu", lambda: optkit.onnx.unregister_op("", "Relu"), ValueError, "ai.onnx::Relu is one of optkit's own operators"),
+    ("unregister_op", "ai.onnx Gemm", lambda: optkit.onnx.unregister_op("ai.onnx", "Gemm"), ValueError, "ai.onnx::Gemm is one of optkit's own operators"),
+    ("unregister_op", "training Adam", lambda: optkit.onnx.unregister_op("ai.onnx.preview.training", "Adam"), ValueError, "ai.onnx.preview.training::Adam is one of optkit's own operators"),
+    ("next_feeds", "not a training graph", lambda: optkit.onnx.next_feeds(_gemm_model(), [np.ones(2)]), ValueError, "not a training graph of make_training_model"),
+    ("next_feeds", "too few outputs", lambda: optkit.onnx.next_feeds(optkit.onnx.make_training_model(_gemm_model(), loss="mean_squared_error"), [np.ones(2)]), ValueError, "outputs has 1 values; the training graph has 7 outputs"),
+    ("next_feeds", "a mapping without a name", lambda: optkit.onnx.next_feeds(optkit.onnx.make_training_model(_gemm_model(), loss="mean_squared_error"), {"loss": 1.0}), ValueError, "outputs lacks the graph outputs"),
 ]:
     row(fn, case, thunk, exc, words)
 
