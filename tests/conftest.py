@@ -38,15 +38,28 @@ def _reruns(item) -> tuple:
     return getattr(getattr(item, "function", None), "reruns_in_child", ())
 
 
+# The longest tests (a child process each, 15-140 s), started first: with pytest-xdist's work stealing, a long test
+# left to the end keeps one worker busy while the other has nothing left (longest-processing-time-first order).
+LONGEST_FIRST = ("tests/sharding/test_simulated_devices.py", "tests/sharding/test_multiprocess.py",
+                 "tests/project/test_examples.py", "tests/project/test_benchmarks.py")
+
+
 def pytest_collection_modifyitems(config, items):
     """In a run that collects tests/sharding/test_simulated_devices.py's one child for every 8-device module, drop the
-    modules' own child tests (tests/_devices.py), which would run the same tests again."""
+    modules' own child tests (tests/_devices.py), which would run the same tests again; then put the longest tests
+    first (:data:`LONGEST_FIRST`)."""
     everything = [item for item in items if len(_reruns(item)) > 1]
     covered = {module for item in everything for module in _reruns(item)}
     dropped = [item for item in items if len(_reruns(item)) == 1 and _reruns(item)[0] in covered]
     if dropped:
         items[:] = [item for item in items if item not in dropped]
         config.hook.pytest_deselected(items=dropped)
+
+    def rank(item):
+        path = item.nodeid.split("::")[0]
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: every other test keeps its order
 
 
 @pytest.fixture(autouse=True)
