@@ -103,3 +103,28 @@ else:
         assert split, "the rule split no parameter"
         for name in split:
             assert got[name].sharding.spec == P(None, "model"), (name, got[name].sharding)
+
+    def test_a_transformer_with_an_embedding_lookup_trains_data_parallel_on_the_default_mesh():
+        """A BERT exported by torch.onnx (dynamo): its token embedding is a Gather of int64 ids, which JAX's
+        default (explicit) mesh axes require an output sharding for; under ``jax.set_mesh`` with the batch of
+        ids sharded over ``data`` a jitted ``value_and_grad`` and Optax step equal one device's."""
+        path = pathlib.Path(__file__).parent / "models" / "torch_dynamo_bert"
+        ids = np.load(f"{path}.npz")["input"]  # (2, 8) int64: one row per device of a 2-device data axis
+        apply_fn, params = optkit.onnx.to_jax(f"{path}.onnx", untie=True)
+        tx = optax.adamw(1e-3)
+
+        def step(p, state, ids):
+            value, grads = jax.value_and_grad(lambda p: jnp.mean(apply_fn(p, ids) ** 2))(p)
+            updates, state = tx.update(grads, state, p)
+            return optax.apply_updates(p, updates), state, value
+
+        p1, _, v1 = jax.jit(step)(params, tx.init(params), ids)
+        mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
+        with jax.set_mesh(mesh):
+            sharded = jax.device_put(ids, NamedSharding(mesh, P("data")))
+            placed = jax.device_put(params, NamedSharding(mesh, P()))
+            p2, _, v2 = jax.jit(step)(placed, tx.init(placed), sharded)
+            out = jax.jit(apply_fn)(p2, sharded)
+        np.testing.assert_allclose(float(v2), float(v1), rtol=1e-6)
+        chex.assert_trees_all_close(p2, p1, rtol=1e-5, atol=1e-6)
+        assert out.sharding.spec[0] == "data"  # the activations stay split by the batch
