@@ -17,6 +17,7 @@ The specs' own operators, with their inputs and outputs, are in :mod:`optkit.ops
 Under ``jax.sharding`` every optimizer's state is sharded like the parameters
 (Adafactor's row and column statistics like the parameter without the reduced
 axis), with no communication code of optkit's own: see the docs page "Sharding and multiple hosts".
+:func:`state_sharding` and :func:`shard_state` split a state over the data axis as well (ZeRO stage 1).
 
 For trees of thousands of parameter arrays, :class:`FlatParams` keeps them in one
 contiguous buffer per dtype, which every element-wise optimizer steps over at once.
@@ -41,6 +42,7 @@ from optkit._src.flat import FlatParams
 from optkit._src.gradient import gradient
 from optkit._src.graph import GradientNode, Graph, GraphNode
 from optkit._src.momentum import ScaleByOnnxMomentumState, momentum, scale_by_onnx_momentum
+from optkit._src.zero import shard_state, state_sharding
 
 __version__ = "0.1.0"
 
@@ -71,4 +73,6 @@ __all__ = [
     "GraphNode",
     "GradientNode",
     "FlatParams",
+    "state_sharding",
+    "shard_state",
 ]
