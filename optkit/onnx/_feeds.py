@@ -41,19 +41,26 @@ __all__ = ["Feeds", "graph_function", "index_checks", "index_checks_active", "re
 
 # ------------------------------------------------------------------ trace-time options
 
-# True while a graph traced for reverse-mode differentiation only is evaluated (to_jax(..., reverse_mode_only=True)):
-# the shifted-slices depthwise convolutions then take a derivative of their own (optkit.onnx._ops.nn).
-_REVERSE_MODE_ONLY = contextvars.ContextVar("optkit_onnx_reverse_mode_only", default=False)
-
-
 @contextlib.contextmanager
-def reverse_mode_only(enabled: bool):
-    """Within this block, graphs are traced for reverse-mode differentiation only (or not, if not ``enabled``)."""
-    token = _REVERSE_MODE_ONLY.set(bool(enabled))
+def _set(option: contextvars.ContextVar, enabled: bool):
+    token = option.set(bool(enabled))
     try:
         yield
     finally:
-        _REVERSE_MODE_ONLY.reset(token)
+        option.reset(token)
+
+
+# True while a graph traced for reverse-mode differentiation only is evaluated (to_jax(..., reverse_mode_only=True)):
+# the shifted-slices depthwise convolutions then take a derivative of their own (optkit.onnx._ops.nn).
+_REVERSE_MODE_ONLY = contextvars.ContextVar("optkit_onnx_reverse_mode_only", default=False)
+# True while a graph traced with index checks is evaluated (to_jax(..., checks=True), prepare(..., checks=True)):
+# every gathered or scattered index that is out of range raises through jax.experimental.checkify.
+_INDEX_CHECKS = contextvars.ContextVar("optkit_onnx_index_checks", default=False)
+
+
+def reverse_mode_only(enabled: bool) -> contextlib.AbstractContextManager[None]:
+    """Within this block, graphs are traced for reverse-mode differentiation only (or not, if not ``enabled``)."""
+    return _set(_REVERSE_MODE_ONLY, enabled)
 
 
 def reverse_mode_only_active() -> bool:
@@ -61,19 +68,9 @@ def reverse_mode_only_active() -> bool:
     return _REVERSE_MODE_ONLY.get()
 
 
-# True while a graph traced with index checks is evaluated (to_jax(..., checks=True), prepare(..., checks=True)):
-# every gathered or scattered index that is out of range raises through jax.experimental.checkify.
-_INDEX_CHECKS = contextvars.ContextVar("optkit_onnx_index_checks", default=False)
-
-
-@contextlib.contextmanager
-def index_checks(enabled: bool):
+def index_checks(enabled: bool) -> contextlib.AbstractContextManager[None]:
     """Within this block, graphs are traced with ``checkify`` checks of their gather and scatter indices."""
-    token = _INDEX_CHECKS.set(bool(enabled))
-    try:
-        yield
-    finally:
-        _INDEX_CHECKS.reset(token)
+    return _set(_INDEX_CHECKS, enabled)
 
 
 def index_checks_active() -> bool:
