@@ -28,7 +28,9 @@ Where an operator goes: its family module, by what it does:
 - :mod:`~optkit.onnx._ops.randomness`: ``RandomUniform``, ``RandomNormal``, their ``*Like`` forms,
   ``Bernoulli``, ``Multinomial`` (seeded with ``jax.random``);
 - :mod:`~optkit.onnx._ops.quantize`: ``QuantizeLinear``, ``DequantizeLinear``,
-  ``DynamicQuantizeLinear``.
+  ``DynamicQuantizeLinear``;
+- :mod:`~optkit.onnx._ops.contrib`: ONNX Runtime's ``com.microsoft`` fused activations and Skip
+  normalizations (``FastGelu``, ``BiasGelu``, ``SkipLayerNormalization``...).
 
 Each module registers its builders with one form, the
 decorator ``@OPS.op(op_type, *since_versions, params=..., static_inputs=...)``
@@ -43,6 +45,7 @@ from __future__ import annotations
 from optkit.onnx._ops import (
     algebra,
     attention,
+    contrib,
     control,
     elementwise,
     indexing,
@@ -65,7 +68,7 @@ __all__ = ["TABLE", "supported_ops"]
 
 TABLE = OpTable(elementwise.OPS, nn.OPS, pool.OPS, normalization.OPS, recurrent.OPS, shape.OPS, reduce.OPS, loss.OPS,
                 training.OPS, control.OPS, attention.OPS, quantize.OPS,
-                resize.OPS, sampling.OPS, randomness.OPS, indexing.OPS, algebra.OPS)
+                resize.OPS, sampling.OPS, randomness.OPS, indexing.OPS, algebra.OPS, contrib.OPS)
 
 
 def supported_ops() -> list[tuple[str, str, int]]:
