@@ -151,10 +151,49 @@ def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None,
     return _load_external_data(proto, directory, origin), origin
 
 
+# Operators ONNX Runtime registers in the default (ai.onnx) domain that ONNX does not define, which its own tools
+# write there (onnxruntime-genai's model builder: SimplifiedLayerNormalization). onnx.checker knows no schema for
+# them; the model is checked with those nodes in a domain of their own (optkit.onnx._ops.contrib runs them).
+ORT_DEFAULT_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization"})
+_ORT_CHECK_DOMAIN = "optkit.ort_default_domain"
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
+
+
+def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto``, or a copy with ONNX Runtime's default-domain extensions moved to a domain of their own."""
+    def ours(node: onnx.NodeProto) -> bool:
+        return node.domain in ("", "ai.onnx") and node.op_type in ORT_DEFAULT_DOMAIN_OPS
+
+    stack = [proto.graph, *proto.functions]
+    found = False
+    while stack and not found:
+        graph = stack.pop()
+        for node in graph.node:
+            found = found or ours(node)
+            stack.extend(_subgraphs(node))
+    if not found:
+        return proto
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    stack = [copy.graph, *copy.functions]
+    while stack:
+        graph = stack.pop()
+        for node in graph.node:
+            if ours(node):
+                node.domain = _ORT_CHECK_DOMAIN
+            stack.extend(_subgraphs(node))
+    copy.opset_import.add(domain=_ORT_CHECK_DOMAIN, version=1)
+    return copy
+
+
 def check_model(proto: onnx.ModelProto, origin: str) -> None:
-    """``onnx.checker.check_model``, its errors as ValueErrors naming ``origin``."""
+    """``onnx.checker.check_model``, its errors as ValueErrors naming ``origin``; the nodes of ONNX Runtime's
+    default-domain extensions (:data:`ORT_DEFAULT_DOMAIN_OPS`) checked as nodes of a domain of their own."""
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(_checkable(proto))
     except onnx.checker.ValidationError as err:
         raise ValueError(f"onnx.checker rejects {origin}: {err}") from None
     except UnicodeDecodeError as err:

@@ -68,7 +68,8 @@ __all__ = ["TABLE", "supported_ops"]
 
 TABLE = OpTable(elementwise.OPS, nn.OPS, pool.OPS, normalization.OPS, recurrent.OPS, shape.OPS, reduce.OPS, loss.OPS,
                 training.OPS, control.OPS, attention.OPS, quantize.OPS,
-                resize.OPS, sampling.OPS, randomness.OPS, indexing.OPS, algebra.OPS, contrib.OPS)
+                resize.OPS, sampling.OPS, randomness.OPS, indexing.OPS, algebra.OPS, contrib.OPS,
+                contrib.DEFAULT_DOMAIN_OPS)
 
 
 def supported_ops() -> list[tuple[str, str, int]]:

@@ -1,6 +1,8 @@
 """ONNX Runtime's ``com.microsoft`` operators that its transformer optimizer and Optimum's exporter write into
 BERT- and GPT-style graphs: the fused activations ``Gelu``, ``BiasGelu``, ``FastGelu``, ``QuickGelu``, ``BiasAdd``
-and the fused residual normalizations ``SkipLayerNormalization`` and ``SkipSimplifiedLayerNormalization``.
+and the fused residual normalizations ``SkipLayerNormalization`` and ``SkipSimplifiedLayerNormalization``; and
+``SimplifiedLayerNormalization`` (RMSNorm), which ONNX Runtime registers in the default domain and
+onnxruntime-genai's model builder writes there.
 
 Formulas from ONNX Runtime's contrib operator documentation (``docs/ContribOperators.md``), each checked against
 ONNX Runtime's CPU kernels (tests/onnx/test_contrib.py): statistics in float32 for 16-bit inputs, the population
@@ -17,6 +19,9 @@ from jax import lax
 from optkit.onnx._ops._registry import ELEMENTWISE, Family
 
 OPS = Family("contrib", "com.microsoft")
+# ONNX Runtime registers SimplifiedLayerNormalization in the default domain (ONNX defines no such operator; the
+# loader checks such nodes apart, optkit.onnx._files.ORT_DEFAULT_DOMAIN_OPS).
+DEFAULT_DOMAIN_OPS = Family("contrib_default_domain")
 
 _SKIP_EPSILON = 1e-12  # ONNX Runtime's default epsilon of SkipLayerNormalization and SkipSimplifiedLayerNormalization
 
@@ -97,6 +102,27 @@ def _skip_layer_normalization(ctx):
         return y.astype(jnp.result_type(x)), mean, inv_std, s
 
     return skip_layer_normalization
+
+
+@DEFAULT_DOMAIN_OPS.op("SimplifiedLayerNormalization", 1)
+def _simplified_layer_normalization(ctx):
+    """RMS normalization over the axes from ``axis`` (default -1) to the last, times scale: Y = X /
+    sqrt(mean(X^2) + epsilon) * scale (epsilon default 1e-5), statistics in float32 for 16-bit inputs
+    (``stash_type``); second output 1 / sqrt(mean(X^2) + epsilon)."""
+    axis, eps = int(ctx.attrs.get("axis", -1)), float(ctx.attrs.get("epsilon", 1e-5))
+
+    def simplified_layer_normalization(x, scale):
+        rank = jnp.ndim(x)
+        a = axis + rank if axis < 0 else axis
+        if not 0 <= a < rank:
+            raise ctx.error(f"axis {axis} is out of range for an input of rank {rank}")
+        stats = _stats_dtype(x)
+        xs = jnp.asarray(x).astype(stats)
+        inv_rms = lax.rsqrt(jnp.mean(jnp.square(xs), axis=tuple(range(a, rank)), keepdims=True)
+                            + jnp.asarray(eps, stats))
+        return (xs * inv_rms * jnp.asarray(scale).astype(stats)).astype(jnp.result_type(x)), inv_rms
+
+    return simplified_layer_normalization
 
 
 @OPS.op("SkipSimplifiedLayerNormalization", 1)
