@@ -9,7 +9,7 @@ ort = pytest.importorskip("onnxruntime")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from onnx import TensorProto, helper  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
 
@@ -119,3 +119,49 @@ def test_bias_add_is_its_documented_formula():
                                                    helper.make_opsetid("com.microsoft", 1)])
     (got,) = optkit.onnx.prepare(model).run([X, BIAS, SKIP])
     np.testing.assert_array_equal(got, X + BIAS + SKIP)
+
+
+@pytest.mark.parametrize("bits, zero_points, bias, k", [(4, False, False, 64), (4, True, True, 40),
+                                                        (8, True, False, 32), (8, False, True, 48)])
+def test_matmul_nbits_gives_onnx_runtimes_output_and_a_gradient_for_a(bits, zero_points, bias, k):
+    """MatMulNBits (4- and 8-bit blockwise weights, as MatMulNBitsQuantizer and onnxruntime-genai write): random
+    packed weights, scales and zero points against ONNX Runtime's CPU kernel; K not a multiple of the block."""
+    n, block = 24, 16
+    blocks = -(-k // block)
+    rng = np.random.default_rng(bits + k)
+    b = rng.integers(0, 256, size=(n, blocks, block * bits // 8), dtype=np.uint8)
+    scales = rng.uniform(0.01, 0.1, size=(n * blocks,)).astype(np.float32)
+    inputs = ["a", "B", "scales"]
+    inits = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(scales, "scales")]
+    if zero_points:
+        per_row = blocks if bits == 8 else -(-blocks // 2)
+        inits.append(numpy_helper.from_array(rng.integers(0, 256, size=(n * per_row,), dtype=np.uint8), "zp"))
+        inputs.append("zp")
+    if bias:
+        inits.append(numpy_helper.from_array(rng.normal(size=(n,)).astype(np.float32), "bias"))
+        inputs += ["", "bias"] if zero_points else ["", "", "bias"]
+    node = helper.make_node("MatMulNBits", inputs, ["y"], domain="com.microsoft", K=k, N=n, bits=bits,
+                            block_size=block)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [3, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("com.microsoft", 1)])
+    a = rng.normal(size=(3, k)).astype(np.float32)
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a})
+    (got,) = optkit.onnx.prepare(model).run([a])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.max(np.abs(want)))
+    apply_fn, params = optkit.onnx.to_jax(model)
+    assert "B" not in params  # packed integer weights are never parameters (the float scales and bias are)
+    grad = jax.grad(lambda x: jnp.sum(apply_fn(params, x) ** 2))(jnp.asarray(a))
+    # The weights dequantized in NumPy (the documented layout: low nibble first), checked against ONNX Runtime's
+    # output, give the gradient: d sum(y^2) / d a = 2 y W.
+    q = np.stack([b & 0x0F, b >> 4], -1).reshape(n, blocks, block) if bits == 4 else b.reshape(n, blocks, block)
+    if zero_points:
+        zp = numpy_helper.to_array(inits[2]).reshape(n, -1)
+        zp = (np.stack([zp & 0x0F, zp >> 4], -1).reshape(n, -1) if bits == 4 else zp)[:, :blocks, None]
+    else:
+        zp = 2 ** (bits - 1)
+    w = ((q.astype(np.float64) - zp) * scales.reshape(n, blocks, 1)).reshape(n, -1)[:, :k]
+    y = a.astype(np.float64) @ w.T + (numpy_helper.to_array(inits[-1]) if bias else 0)
+    np.testing.assert_allclose(want, y, rtol=1e-4, atol=1e-4 * np.max(np.abs(y)))
+    np.testing.assert_allclose(grad, 2 * y @ w, rtol=1e-4, atol=1e-4 * np.max(np.abs(grad)))

@@ -140,3 +140,52 @@ def _skip_simplified_layer_normalization(ctx):
         return y.astype(jnp.result_type(x)), jnp.zeros_like(inv_rms), inv_rms, s
 
     return skip_simplified_layer_normalization
+
+
+@OPS.op("MatMulNBits", 1)
+def _matmul_nbits(ctx):
+    """Y = A @ W^T (+ bias) with W (N, K) stored blockwise quantized: B (uint8, [N, ceil(K / block_size),
+    block_size * bits / 8]) holding ``bits``-bit unsigned values (4-bit: the low nibble first), ``scales``
+    (N x blocks), optional uint8 ``zero_points`` packed the same way (default 2^(bits - 1)); W[n, k] =
+    (q[n, k] - zero_point[n, block]) * scale[n, block]. The weights stay packed in the program (constants of the
+    file's size) and are expanded inside it; A is differentiable, the quantized weights are not."""
+    for name in ("K", "N", "block_size"):
+        if name not in ctx.attrs:
+            raise ctx.error(f"the required attribute {name!r} is missing")
+    k, n, block = int(ctx.attrs["K"]), int(ctx.attrs["N"]), int(ctx.attrs["block_size"])
+    bits = int(ctx.attrs.get("bits", 4))
+    if bits not in (4, 8):
+        raise ctx.unsupported(f"bits={bits}: optkit runs 4- and 8-bit MatMulNBits weights")
+    if block < 16 or block & (block - 1):
+        raise ctx.error(f"block_size must be a power of 2 and at least 16, got {block}")
+    blocks = -(-k // block)
+
+    def unpack(packed, count):
+        packed = jnp.asarray(packed).astype(jnp.uint8)
+        if bits == 8:
+            return packed[..., :count]
+        both = jnp.stack([packed & 0x0F, packed >> 4], axis=-1)
+        return both.reshape(*packed.shape[:-1], -1)[..., :count]
+
+    def matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None):
+        if g_idx is not None:
+            raise ctx.unsupported("input g_idx (act-order quantization) is not run")
+        if jnp.size(b) != n * blocks * block * bits // 8:
+            raise ctx.error(f"B has {jnp.size(b)} bytes; N={n}, K={k}, block_size={block}, bits={bits} need "
+                            f"{n * blocks * block * bits // 8}")
+        if jnp.shape(a)[-1] != k:
+            raise ctx.error(f"A's last dimension is {jnp.shape(a)[-1]}, K is {k}")
+        dtype = jnp.result_type(scales)
+        q = unpack(jnp.reshape(b, (n, blocks, -1)), block).astype(dtype)
+        scale = jnp.reshape(scales, (n, blocks, 1))
+        if zero_points is None:
+            zero = jnp.asarray(2 ** (bits - 1), dtype)
+        elif jnp.result_type(zero_points) == jnp.uint8:
+            zero = unpack(jnp.reshape(zero_points, (n, -1)), blocks).astype(dtype).reshape(n, blocks, 1)
+        else:
+            raise ctx.unsupported(f"zero_points of type {jnp.result_type(zero_points)}: optkit runs uint8 ones")
+        w = ((q - zero) * scale).reshape(n, blocks * block)[:, :k]
+        y = jnp.matmul(a, w.T.astype(jnp.result_type(a)))
+        return y if bias is None else y + bias
+
+    return matmul_nbits
