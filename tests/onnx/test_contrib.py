@@ -165,3 +165,21 @@ def test_matmul_nbits_gives_onnx_runtimes_output_and_a_gradient_for_a(bits, zero
     y = a.astype(np.float64) @ w.T + (numpy_helper.to_array(inits[-1]) if bias else 0)
     np.testing.assert_allclose(want, y, rtol=1e-4, atol=1e-4 * np.max(np.abs(y)))
     np.testing.assert_allclose(grad, 2 * y @ w, rtol=1e-4, atol=1e-4 * np.max(np.abs(grad)))
+
+
+def test_simplified_layer_normalization_gradient_matches_float64_central_differences():
+    node = helper.make_node("SimplifiedLayerNormalization", ["x", "scale"], ["y"], epsilon=1e-3)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, list(X.shape)),
+                                            helper.make_tensor_value_info("scale", TensorProto.DOUBLE, [8])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, list(X.shape))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with jax.enable_x64(True):
+        fn = optkit.onnx.to_graph(model).as_function(["x", "scale"], "y")
+        args = [jnp.asarray(X, jnp.float64), jnp.asarray(GAMMA, jnp.float64)]
+        weights = jnp.asarray(RNG.normal(size=X.shape))
+        loss = lambda *a: jnp.sum(fn(*a) * weights)  # noqa: E731
+        for i, g in enumerate(jax.grad(loss, argnums=(0, 1))(*args)):
+            d = jnp.asarray(RNG.normal(size=args[i].shape))
+            plus = [a + 1e-6 * d if j == i else a for j, a in enumerate(args)]
+            minus = [a - 1e-6 * d if j == i else a for j, a in enumerate(args)]
+            np.testing.assert_allclose(float(jnp.sum(g * d)), float((loss(*plus) - loss(*minus)) / 2e-6), rtol=1e-6)
