@@ -6,6 +6,7 @@ Built with ``onnx.helper`` only; the result is an ordinary ONNX model (opset
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -227,7 +228,9 @@ def select_trainable(floating: Mapping[str, bool], default: Sequence[str], train
             raise TypeError(f"{what} must be a sequence of initializer names, got {names!r}")
         for name in names or ():
             if name not in floating:
-                raise ValueError(f"{what} name {name!r} is not an initializer of the model")
+                close = difflib.get_close_matches(str(name), list(floating), n=3)
+                hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+                raise ValueError(f"{what} name {name!r} is not an initializer of the model{hint}")
     chosen = [name for name in (default if trainable is None else trainable) if name not in set(frozen)]
     for name in chosen:
         if not floating[name]:
