@@ -23,6 +23,7 @@ in a fresh process if JAX was started with fewer)::
 
     python -m benchmarks.sharding           # the example's model and GPT-2 small size, under a minute
     python -m benchmarks.sharding --quick   # the example's model only (seconds; CI smoke test)
+    python -m benchmarks.sharding --zero    # replicated vs ZeRO-1 vs FSDP bytes per device (optkit.state_sharding)
 """
 
 from __future__ import annotations
@@ -135,6 +136,42 @@ def state_rows(configs, mesh, with_update: bool = True):
     return rows
 
 
+def zero_rows(configs, devices):
+    """Per-device state bytes of optkit.adam, optkit.adafactor and optkit.momentum on an 8-device ``data`` mesh:
+    parameters and state replicated (plain data parallelism), the state split by ``optkit.state_sharding``
+    (ZeRO-1), and the parameters split too (FSDP); the collectives of the compiled ZeRO-1 update."""
+    mesh = jax.make_mesh((len(devices),), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
+    replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
+    rows = []
+    for label, cfg in configs.items():
+        with jax.set_mesh(mesh):
+            model = nnx.eval_shape(lambda cfg=cfg: Transformer(cfg, rngs=nnx.Rngs(0)))
+        shapes = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), shapes)
+        param_bytes = max(bytes_per_device(params, jax.tree.map(lambda a: a.sharding, params), devices).values())
+        for name, tx in (("optkit.adam", optkit.adam(1e-3)), ("optkit.adafactor", optkit.adafactor()),
+                         ("optkit.momentum", optkit.momentum(1e-3))):
+            state = jax.eval_shape(tx.init, params)
+            whole = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(state))
+            zero = optkit.state_sharding(state, mesh)
+            held = max(bytes_per_device(state, zero, devices).values())
+            fsdp_params = optkit.state_sharding(params, mesh)
+            fsdp_param_bytes = max(bytes_per_device(params, fsdp_params, devices).values())
+            split_state = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), state, zero)
+
+            def update(p, st, g, tx=tx):
+                updates, st = tx.update(g, st, p)
+                return optax.apply_updates(p, updates), st
+
+            hlo = jax.jit(update, out_shardings=(jax.tree.map(lambda a: a.sharding, params), zero)).lower(
+                params, split_state, params).compile().as_text()
+            found = collectives(hlo)
+            comms = ", ".join(f"{len(v)} {k} (largest {max(v):,})" for k, v in sorted(found.items())) or "none"
+            rows.append([label, name, f"{whole:,}", f"{whole:,}", f"{held:,}", f"{held / whole:.3f}",
+                         f"{param_bytes:,} -> {fsdp_param_bytes:,}", comms])
+    return rows
+
+
 def _rerun_with_simulated_devices(argv) -> None:
     env = dict(os.environ)
     flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(_FLAG)]
@@ -148,6 +185,8 @@ def _rerun_with_simulated_devices(argv) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="the example's model only (seconds)")
+    parser.add_argument("--zero", action="store_true", help="replicated vs ZeRO-1 vs FSDP bytes per device on an "
+                                                            "8-device data mesh (optkit.state_sharding)")
     args = parser.parse_args(argv)
     try:
         cpu = jax.devices("cpu")
@@ -155,6 +194,20 @@ def main(argv=None) -> None:
         cpu = []
     if len(cpu) < NUM_DEVICES:
         _rerun_with_simulated_devices(argv)
+        return
+    if args.zero:
+        configs = {"example (d=128, 2 layers)": TransformerConfig(vocab_size=96, d_model=128, num_layers=2,
+                                                                  max_len=64)}
+        if not args.quick:
+            configs["GPT-2 small size (d=768, 12 layers)"] = TransformerConfig(
+                vocab_size=256, d_model=768, num_heads=12, num_layers=12, max_len=1024)
+        print(f"## ZeRO-1 and FSDP: optimizer state per device on {NUM_DEVICES} simulated devices, one 'data' axis "
+              f"(jax {jax.__version__})\n")
+        print(markdown_table(
+            ["model", "optimizer", "state bytes (one copy)", "replicated: per device", "ZeRO-1: per device (max)",
+             "ZeRO-1 / replicated", "FSDP parameters per device (replicated -> split)",
+             "collectives in the compiled ZeRO-1 update"],
+            zero_rows(configs, cpu[:NUM_DEVICES])))
         return
     mesh = jax.make_mesh(MESH_SHAPE, ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
                          devices=cpu[:NUM_DEVICES])
