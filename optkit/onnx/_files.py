@@ -105,7 +105,7 @@ def _digest(proto: onnx.ModelProto) -> bytes | None:
 def check_once(proto: onnx.ModelProto, origin: str, given: Any) -> None:
     """:func:`check_model`, unless ``given`` (what the caller passed) is a ModelProto that :func:`load_model`
     checked and returned, unchanged since (by the digest of its bytes)."""
-    if isinstance(given, onnx.ModelProto) and proto is given:
+    if _CHECKED and isinstance(given, onnx.ModelProto) and proto is given:  # no digest unless one could match
         digest = _digest(proto)
         if digest is not None and digest in _CHECKED:
             _log.debug("onnx.checker: %s was checked by load_model already", origin)
