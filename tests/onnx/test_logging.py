@@ -28,7 +28,7 @@ def _model(value=1.0):
 def test_the_logger_reports_load_trace_and_first_call_times(caplog):
     caplog.set_level(logging.INFO, logger="optkit.onnx")
     apply_fn, params = optkit.onnx.to_jax(_model(2.0))
-    jax.jit(lambda p: apply_fn(p, jnp.ones((5, 3))))(params)  # inside a caller's jit: traced there
+    jax.jit(lambda p: apply_fn(p, jnp.ones((5, 3), jnp.float32)))(params)  # inside a caller's jit: traced there
     apply_fn, params = optkit.onnx.to_jax(_model(2.5))
     apply_fn(params, np.ones((1, 3), np.float32))  # called eagerly: optkit's jit traces, compiles and runs
     text = [r.getMessage() for r in caplog.records if r.name == "optkit.onnx"]
