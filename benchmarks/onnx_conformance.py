@@ -2,7 +2,9 @@
 
 Runs all of ``onnx.backend.test``'s node, pytorch-converted, pytorch-operator
 and simple cases (CPU) through ONNX's own runner with
-:class:`optkit.onnx.Backend` (op by op, ``jit=False``), and sorts each into
+:class:`optkit.onnx.Backend` as that runner calls a backend (``prepare(model).run(inputs)``, default options:
+compiled, in segments around the nodes whose output sizes depend on values; ``--op-by-op``: ``jit=False``),
+and sorts each into
 
 - **pass**: every output matches, with the runner's dtype check and the
   case's tolerances;
@@ -51,7 +53,7 @@ SKIPPED = {
 }
 
 
-def _cases(kinds):
+def _cases(kinds, op_by_op=False):
     import onnx.backend.test
 
     import optkit.onnx
@@ -59,7 +61,8 @@ def _cases(kinds):
     class _Backend(optkit.onnx.Backend):
         @classmethod
         def prepare(cls, model, device="CPU", **kwargs):
-            kwargs.setdefault("jit", False)
+            if op_by_op:
+                kwargs.setdefault("jit", False)
             return super().prepare(model, device, **kwargs)
 
     with warnings.catch_warnings():
@@ -87,20 +90,29 @@ def _reason(err: BaseException) -> str:
     m = re.search(r"unsupported operators?: (.*)", text)
     if m:
         return "operators " + m.group(1)[:60]
+    m = re.search(r"has type (\w+)", text)
+    if m:
+        return f"graph input type {m.group(1)}"
     m = re.search(r"element type (\w+)", text)
     if m:
         return f"element type {m.group(1)}"
     return text.splitlines()[0][:80]
 
 
-def run(kinds=KINDS):
-    """``{kind: Counter(outcome)}``, ``{reason: count}`` of refusals, and ``[(kind, case, outcome, why)]``."""
+def run(kinds=KINDS, op_by_op=False):
+    """``{kind: Counter(outcome)}``, ``{reason: count}`` of refusals, and ``[(kind, case, outcome, why)]``.
+
+    Runs with JAX's 64-bit mode on: ONNX's INT64 and DOUBLE as themselves, as the runner's dtype check wants."""
+    import jax
+
     from optkit.onnx import UnsupportedOpError
+
+    jax.config.update("jax_enable_x64", True)
 
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     reasons: collections.Counter = collections.Counter()
     rows = []
-    for kind, name, test in _cases(kinds):
+    for kind, name, test in _cases(kinds, op_by_op):
         skip = [why for pattern, why in SKIPPED.items() if re.match(pattern, name)]
         if skip:
             counts[kind]["skipped"] += 1
@@ -116,7 +128,7 @@ def run(kinds=KINDS):
             test_err = (result.errors or result.failures)[0][1]
             if "UnsupportedOpError" in test_err:
                 outcome = "refused"
-                why = _reason(UnsupportedOpError(test_err.strip().splitlines()[-1]))
+                why = _reason(UnsupportedOpError(test_err))
                 reasons[why] += 1
             else:
                 outcome, why = "fail", test_err.strip().splitlines()[-1][:160]
@@ -135,8 +147,9 @@ def main(argv=None) -> None:
                         help="list the cases of one outcome")
     parser.add_argument("--write-cases", action="store_true",
                         help=f"write the passing cases to {CASES_FILE} (all four kinds)")
+    parser.add_argument("--op-by-op", action="store_true", help="run every case with prepare(..., jit=False)")
     args = parser.parse_args(argv)
-    counts, reasons, rows = run(tuple(args.kind or KINDS))
+    counts, reasons, rows = run(tuple(args.kind or KINDS), args.op_by_op)
     if args.write_cases:
         if args.kind and set(args.kind) != set(KINDS):
             parser.error("--write-cases needs all four kinds")

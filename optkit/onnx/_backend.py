@@ -30,6 +30,7 @@ from optkit.onnx._limits import Limits, jax_device
 from optkit.onnx._load import load
 from optkit.onnx._ops._common import on_cpu
 from optkit.onnx._protos import InputInfo, node_model
+from optkit.onnx._segments import SegmentedRun
 
 __all__ = ["Backend", "BackendRep", "prepare", "run_model", "run_node"]
 
@@ -128,6 +129,7 @@ class BackendRep(onnx.backend.base.BackendRep):
         self._result_type = onnx.backend.base.namedtupledict("Outputs", list(self.outputs))
         self._functions: dict[Any, Any] = {}
         self._checked: set[Any] = set()
+        self._segmented: dict[Any, SegmentedRun] = {}
 
     # -------------------------------------------------------------- running
 
@@ -185,7 +187,12 @@ class BackendRep(onnx.backend.base.BackendRep):
         donated = self._donated(donate, dynamic)
         traced = any(isinstance(v, jax.core.Tracer) for v in values)  # inside jax.jit: JAX takes no options here
         placement = contextlib.nullcontext() if self._default_device else jax.default_device(self.device)
+        segmented_key = (dynamic, bool(jax.config.jax_enable_x64),
+                         tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
         with placement:
+            segmented = self._segmented.get(segmented_key)
+            if segmented is not None:
+                return self._outputs(segmented.run(feeds), as_numpy)
             fn = graph_function(self._functions, self.graph, self.outputs, static, dynamic, jit=self._jit,
                                 donate=donated, options=None if traced else self._options, checks=self._checks)
             if not self._jit:
@@ -199,7 +206,18 @@ class BackendRep(onnx.backend.base.BackendRep):
                         pass  # shapes known only from values (a Loop): its op-by-op run checks them as it goes
                     self._checked.add(signature)
             # jax.jit moves NumPy values to the (default) device itself, fastest.
-            results = fn(*values)
+            try:
+                results = fn(*values)
+            except ValueDependentError:
+                if not self._jit or traced:
+                    raise
+                # An output size known only from values: compiled segments around such nodes, from now on.
+                segmented = self._segmented[segmented_key] = SegmentedRun(
+                    self.graph, self.outputs, static, options=self._options, checks=self._checks)
+                results = segmented.run(feeds)
+        return self._outputs(results, as_numpy)
+
+    def _outputs(self, results: Sequence[Any], as_numpy: bool) -> tuple[Any, ...]:
         if as_numpy:
             results = [np.asarray(r) for r in results]
         return self._result_type(*results)

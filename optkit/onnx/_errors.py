@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-__all__ = ["UnsupportedOpError", "TensorTooLargeError"]
+__all__ = ["UnsupportedOpError", "TensorTooLargeError", "ValueDependentError", "RUNS_IN_SEGMENTS"]
+
+# What every ValueDependentError message ends with: what runs such a node.
+RUNS_IN_SEGMENTS = ("optkit.onnx.prepare(model).run(...) runs it on concrete values, compiling the rest of the "
+                    "graph in segments around the node; inside jax.jit (a to_jax function traced) it cannot run")
 
 
 class UnsupportedOpError(NotImplementedError):
@@ -25,6 +29,7 @@ class TensorTooLargeError(ValueError, MemoryError):
 
 
 class ValueDependentError(ValueError):
-    """A node whose output shapes depend on input values (a ``Loop``'s scan outputs when its condition is
-    computed), traced: it runs only op by op on concrete values (``prepare(..., jit=False)``), where
-    :class:`~optkit.onnx.BackendRep` then skips its abstract pass. Not exported: a ``ValueError`` to callers."""
+    """A node whose output shapes depend on input values (``NonZero``, ``Unique``, a ``Loop``'s scan outputs
+    when its condition is computed), traced. :class:`~optkit.onnx.BackendRep` catches it and runs the graph as
+    compiled segments around such nodes (``optkit.onnx._segments``); inside a caller's ``jax.jit`` it reaches
+    the caller, naming the node. Not exported: a ``ValueError`` to callers."""

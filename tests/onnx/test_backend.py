@@ -10,8 +10,9 @@ fail. Each listed case runs here, so a case that stops passing, or that an
 operator change makes refused, fails the suite. The runner compares dtypes
 exactly and values with the case's tolerances (rtol 1e-3, atol 1e-7 by default).
 
-Every case runs compiled (``jax.jit``), as users run models; the few whose output sizes depend on values
-run op by op (see ``_Backend``).
+Every case runs as ONNX's runner calls a backend, ``prepare(model).run(inputs)`` with the default options:
+compiled (``jax.jit``), and where output sizes depend on values (NonZero, Unique, Compress,
+NonMaxSuppression, a Loop with a computed condition and scan outputs), as compiled segments around those nodes.
 """
 
 import pathlib
@@ -25,7 +26,6 @@ import onnx.backend.test  # noqa: E402
 import onnx.backend.test.loader  # noqa: E402
 
 import optkit.onnx  # noqa: E402
-from optkit.onnx._errors import ValueDependentError  # noqa: E402
 from optkit.onnx._files import ORT_DEFAULT_DOMAIN_OPS  # noqa: E402
 
 # ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.
@@ -35,31 +35,6 @@ CASES = tuple(line.strip() for line in (pathlib.Path(__file__).parent / "onnx_ba
               .splitlines() if line.strip() and not line.startswith("#"))
 TRAINING = r"^test_(adagrad|adam|momentum|nesterov_momentum|gradient_of_add)\w*_cpu$"
 _WANTED = {f"{name}_cpu" for name in CASES}
-
-
-class _Backend(optkit.onnx.Backend):
-    """optkit.onnx.Backend, compiled as users run it; op by op where compiling is refused.
-
-    A case whose output sizes depend on values (NonZero, Unique, Compress, NonMaxSuppression, a Loop with a
-    computed condition and scan outputs) raises ValueDependentError when compiled and runs op by op
-    (``jit=False``), as the error tells users to. Compiling is also the faster way through the cases (110 s
-    against 320 s on 2 cores). The op-by-op path of every case is checked by tests/project/test_snapshot.py, which runs
-    them all that way against the recorded results.
-    """
-
-    @classmethod
-    def prepare(cls, model, device="CPU", **kwargs):
-        rep = super().prepare(model, device, **kwargs)
-        compiled = rep.run
-
-        def run(inputs, **options):
-            try:
-                return compiled(inputs, **options)
-            except ValueDependentError:
-                return super(_Backend, cls).prepare(model, device, **{**kwargs, "jit": False}).run(inputs, **options)
-
-        rep.run = run
-        return rep
 
 
 def _only_included(test_cases):
@@ -74,7 +49,7 @@ def _only_included(test_cases):
     return kept
 
 
-backend_test = onnx.backend.test.BackendTest(_Backend, __name__)
+backend_test = onnx.backend.test.BackendTest(optkit.onnx.Backend, __name__)
 backend_test.include(r"^test_\w+_cpu$")
 _CASES = _only_included(backend_test.test_cases)
 _SELECTED = sorted(attr for case in _CASES.values() for attr in vars(case)

@@ -62,11 +62,13 @@ def test_if_gradient_goes_through_the_branch_taken():
 
 
 def test_if_branches_of_different_shapes_need_a_known_condition():
-    rep = optkit.onnx.prepare(_if_model(else_shape=(4,)))
+    apply_fn, params = optkit.onnx.to_jax(_if_model(else_shape=(4,)))
     with pytest.raises(ValueError, match=r"node 'choose' \(ai.onnx::If-16, opset 17\): its condition is computed"):
-        rep.run([np.array([1.0, 2.0], np.float32)])
-    eager = optkit.onnx.prepare(_if_model(else_shape=(4,)), jit=False)  # op by op, ONNX's semantics
-    assert eager.run([np.array([-1.0, -2.0], np.float32)]).y.shape == (4,)
+        jax.jit(apply_fn)(params, np.array([1.0, 2.0], np.float32))
+    for jit in (False, True):  # op by op, and compiled around the If: ONNX's semantics
+        rep = optkit.onnx.prepare(_if_model(else_shape=(4,)), jit=jit)
+        assert rep.run([np.array([-1.0, -2.0], np.float32)]).y.shape == (4,)
+        assert rep.run([np.array([1.0, 2.0], np.float32)]).y.shape == (2,)
 
 
 WHILE = np.iinfo(np.int64).max  # the trip count torch.onnx writes for a while loop
@@ -120,12 +122,13 @@ def test_a_small_known_trip_count_with_a_computed_condition_is_differentiable():
     np.testing.assert_allclose(g, np.full(3, 0.5**halvings), rtol=1e-6)
 
 
-def test_value_dependent_scan_outputs_run_op_by_op_and_are_refused_traced():
-    eager = optkit.onnx.prepare(_halving_loop(scan_output=True), jit=False)
-    out = eager.run([np.array([8.0, 4.0, 2.0], np.float32)])
-    np.testing.assert_allclose(out.trace, [7.0, 3.5, 1.75, 0.875])
+def test_value_dependent_scan_outputs_run_compiled_around_the_loop_and_are_refused_traced():
+    for jit in (False, True):  # op by op, and compiled around the Loop
+        out = optkit.onnx.prepare(_halving_loop(scan_output=True), jit=jit).run([np.array([8.0, 4.0, 2.0], np.float32)])
+        np.testing.assert_allclose(out.trace, [7.0, 3.5, 1.75, 0.875])
+    apply_fn, params = optkit.onnx.to_jax(_halving_loop(scan_output=True))
     with pytest.raises(ValueError, match=r"node 'halve' .*scan outputs have a length that depends on values"):
-        optkit.onnx.prepare(_halving_loop(scan_output=True)).run([np.array([8.0, 4.0, 2.0], np.float32)])
+        jax.jit(apply_fn)(params, np.array([8.0, 4.0, 2.0], np.float32))
 
 
 def _counting_loop(trip):

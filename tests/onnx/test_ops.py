@@ -516,17 +516,19 @@ def test_a_size_from_values_is_refused_before_allocation(op, feeds, attrs, opset
         optkit.onnx.prepare(model, jit=jit, max_tensor_bytes=2**30).run([feeds[first]])
 
 
-def test_non_max_suppression_is_refused_traced_and_runs_op_by_op():
+def test_non_max_suppression_runs_compiled_around_it_and_op_by_op_and_is_refused_traced():
     boxes = np.array([[[0, 0, 1, 1], [0, 0.1, 1, 1.1], [0, 2, 1, 3]]], np.float32)
     scores = np.array([[[0.9, 0.8, 0.7]]], np.float32)
     model = _node_model("NonMaxSuppression", {"boxes": boxes, "scores": scores}, opset=11,
                         initializers=[("max", np.array([3], np.int64)), ("iou", np.array([0.5], np.float32))])
-    got = optkit.onnx.prepare(model, jit=False).run([boxes, scores])[0]
     want = onnx.reference.ReferenceEvaluator(model).run(None, {"boxes": boxes, "scores": scores})[0]
-    np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(got, [[0, 0, 0], [0, 0, 2]])  # the second box overlaps the first by 0.82
-    with pytest.raises(ValueDependentError, match="NonMaxSuppression"):
-        optkit.onnx.prepare(model, jit=True).run([boxes, scores])
+    np.testing.assert_array_equal(want, [[0, 0, 0], [0, 0, 2]])  # the second box overlaps the first by 0.82
+    for jit in (False, True):
+        got = optkit.onnx.prepare(model, jit=jit).run([boxes, scores])[0]
+        np.testing.assert_array_equal(got, want)
+    apply_fn, params = optkit.onnx.to_jax(model)
+    with pytest.raises(ValueDependentError, match=r"NonMaxSuppression.*prepare\(model\)\.run"):
+        jax.jit(apply_fn)(params, boxes, scores)
 
 
 @pytest.mark.parametrize("op, want", [("Softmax", 1 / 1000), ("LogSoftmax", np.log(1 / 1000))])

@@ -10,8 +10,8 @@ gets their values as ``captured``), the same bounds. How each runs:
   whose branches must give the same shapes and dtypes.
 - ``Scan``: ``lax.scan`` over the scan axis (any axis, either direction);
   differentiable.
-- ``Loop``: run op by op in Python when every value is concrete (a graph run
-  with ``jit=False``: every ONNX semantics, values whose shape changes per
+- ``Loop``: run op by op in Python when every value is concrete (between
+  ``prepare``'s compiled segments, or with ``jit=False``: every ONNX semantics, values whose shape changes per
   iteration and data-dependent lengths included). Traced: ``lax.scan`` when
   the trip count is known and the condition is constant-true (scan outputs
   stacked; differentiable); a scan that stops updating once the condition is
@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from optkit.onnx._errors import ValueDependentError
+from optkit.onnx._errors import RUNS_IN_SEGMENTS, ValueDependentError
 from optkit.onnx._ops._registry import Family
 from optkit.onnx._ops._values import as_static
 
@@ -70,8 +70,8 @@ def _carried(ctx, out, carry, what):
     new = tuple(jnp.asarray(o).astype(c.dtype) for o, c in zip(out, carry))
     for value, old, name in zip(new, carry, ctx.outputs):
         if value.shape != old.shape:
-            raise ctx.error(f"{what} {name!r} changes shape from {old.shape} to {value.shape} in the body: run the "
-                            f"model op by op (prepare(..., jit=False)) outside jax.jit")
+            raise ValueDependentError(ctx.message(f"{what} {name!r} changes shape from {old.shape} to {value.shape} "
+                                                  f"in the body: {RUNS_IN_SEGMENTS}"))
     return new
 
 
@@ -100,8 +100,7 @@ def _if(ctx):
         except TypeError as err:
             raise ValueDependentError(ctx.message(
                 f"its condition is computed while running, so both branches must give the same shapes and dtypes "
-                f"(lax.cond), but they differ (run the model op by op, prepare(..., jit=False)): "
-                f"{err}")) from None
+                f"(lax.cond), but they differ: {err}; {RUNS_IN_SEGMENTS}")) from None
         return _single(out)
 
     return if_
@@ -291,7 +290,7 @@ def _loop_traced(ctx, body, captured, trip, trip_count, cond, values, n, k):
     if k:
         raise ValueDependentError(ctx.message(
             "its scan outputs have a length that depends on values (the condition is computed while running): "
-            "run the model op by op (prepare(..., jit=False)) outside jax.jit"))
+            f"{RUNS_IN_SEGMENTS}"))
     c0 = jnp.ones((), bool) if cond is None else jnp.reshape(jnp.asarray(cond), ()).astype(bool)
     if trip is not None and trip <= MASKED_SCAN_MAX:
         def masked(state, i):

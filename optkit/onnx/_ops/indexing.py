@@ -2,9 +2,9 @@
 ReverseSequence, EyeLike, DepthToSpace, SpaceToDepth, CenterCropPad.
 
 ``Compress``, ``NonZero``, ``Unique`` and ``NonMaxSuppression`` give outputs whose size depends on
-values: they run on concrete values (a graph run op by op, ``jit=False``, or
-values known at load time); traced, they are refused naming the node
-(:class:`~optkit.onnx._errors.ValueDependentError`). Sizes derived from values
+values: they run on concrete values (between the compiled segments of ``prepare``'s default run, op by op
+with ``jit=False``, or values known at load time); traced inside a caller's ``jax.jit``, they are refused
+naming the node (:class:`~optkit.onnx._errors.ValueDependentError`). Sizes derived from values
 (``TopK``'s ``k``, ``OneHot``'s depth) are static inputs, bounded before
 anything is allocated.
 """
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from optkit.onnx._errors import ValueDependentError
+from optkit.onnx._errors import RUNS_IN_SEGMENTS, ValueDependentError
 from optkit.onnx._ops._common import axis_index, checked_indices
 from optkit.onnx._ops._registry import Family
 from optkit.onnx._ops._values import as_static, onnx_dtype
@@ -118,8 +118,7 @@ def _one_hot(ctx):
 def _concrete(ctx, value, what):
     known = as_static(value)
     if known is None:
-        raise ValueDependentError(ctx.message(f"its output size depends on the values of {what}: run the model op by "
-                                              f"op (prepare(..., jit=False)) outside jax.jit"))
+        raise ValueDependentError(ctx.message(f"its output size depends on the values of {what}: {RUNS_IN_SEGMENTS}"))
     return known
 
 

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from optkit.onnx._errors import ValueDependentError
+from optkit.onnx._errors import RUNS_IN_SEGMENTS, ValueDependentError
 from optkit.onnx._ops._registry import Family
 from optkit.onnx._ops._values import as_static
 
@@ -238,7 +238,7 @@ def _roi_align(ctx):
             known_h, known_w = as_static(bin_h), as_static(bin_w)
             if known_h is None or known_w is None:
                 raise ValueDependentError(ctx.message("with sampling_ratio 0 the sample grid depends on the rois' "
-                                                      "values: run the model op by op (prepare(..., jit=False))"))
+                                                      f"values: {RUNS_IN_SEGMENTS}"))
             grid_h, grid_w = np.ceil(known_h).astype(np.int64), np.ceil(known_w).astype(np.int64)
             max_h, max_w = max(int(grid_h.max(initial=1)), 1), max(int(grid_w.max(initial=1)), 1)
         ctx.check_size((n_rois, channels, pooled_h, pooled_w, max_h, max_w, 4), jnp.result_type(x), "the samples")
