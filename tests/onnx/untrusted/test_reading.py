@@ -332,6 +332,62 @@ def test_deeply_nested_gradients_give_no_recursion_error():
     """)
 
 
+def _nested_ifs(depth):
+    """The bytes of a model whose ``If`` then-branches nest ``depth`` deep (else-branches an Identity), written
+    at the wire level: ``onnx.helper`` copies a nested graph by re-parsing it, which stops near 30 levels."""
+    def field(number, payload):
+        return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+    def branch(name, out):
+        graph = helper.make_graph([helper.make_node("Identity", ["x"], [out])], name, [], [_float(out, [1])])
+        return graph.SerializeToString()
+
+    graph = branch("b0", "o0")
+    for d in range(1, depth + 1):
+        attributes = [field(1, name) + field(6, body) + _varint(20 << 3) + _varint(5)  # type GRAPH
+                      for name, body in ((b"then_branch", graph), (b"else_branch", branch(f"e{d}", f"e{d}")))]
+        node = field(1, b"c") + field(2, f"o{d}".encode()) + field(4, b"If") + b"".join(field(5, a) for a in attributes)
+        graph = field(1, node) + field(2, f"b{d}".encode()) + field(12, _float(f"o{d}", [1]).SerializeToString())
+    graph += field(11, _float("x", [1]).SerializeToString())
+    graph += field(11, _info("c", TensorProto.BOOL, []).SerializeToString())
+    header = helper.make_model(helper.make_graph([], "g", [], []), opset_imports=[helper.make_opsetid("", 17)])
+    header.ClearField("graph")
+    return header.SerializeToString() + field(7, graph)
+
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def test_deeply_nested_ifs_end_in_a_documented_error_quickly_and_in_bounded_memory():
+    """Sub-graphs nested 9 to 30 deep: the nesting bound, naming the outer If; 2000 deep (a hostile file):
+    protobuf's own depth bound refuses the bytes. Seconds and under 1 GiB in a child process."""
+    out = run_in_child("""
+        import resource, time
+        from tests.onnx.untrusted.test_reading import _nested_ifs
+        import optkit.onnx
+        for depth, message in ((9, "sub-graphs nest more than 8 deep"), (30, "sub-graphs nest more than 8 deep"),
+                               (2000, "malformed ONNX model bytes")):
+            start = time.perf_counter()
+            try:
+                optkit.onnx.prepare(_nested_ifs(depth))
+            except ValueError as err:
+                assert message in str(err) and (depth == 2000 or "node 'If#0'" in str(err)), err
+            else:
+                raise AssertionError("no error")
+            print(depth, round(time.perf_counter() - start, 2))
+        print("maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+    """)
+    assert int(out.split("maxrss")[1]) < 1024, out
+    assert all(float(line.split()[1]) < 5 for line in out.splitlines() if not line.startswith("maxrss")), out
+    assert optkit.onnx.prepare(_nested_ifs(8)).run([np.ones(1, np.float32), np.array(True)])[0] == 1.0
+
+
 # ---------------------------------------------------------------- 7. opsets and function bombs
 
 
