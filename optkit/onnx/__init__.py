@@ -24,7 +24,7 @@ import ``onnx``.
 - :class:`Backend` — an ``onnx.backend.base.Backend`` for ONNX's test runner;
 - :func:`to_jax` — the model as ``apply_fn(params, *inputs)`` and a dict of its trainable
   initializers (:class:`OnnxFunction`), for Optax, optkit and ``jax.grad``; :class:`OnnxModule`
-  the same as a Flax NNX module (needs ``flax``);
+  the same as a Flax NNX module (needs ``flax``); :class:`LoRA` low-rank adapters for either;
 - :func:`make_training_model` — an inference model plus a loss, a Gradient node and an optimizer
   node over its initializers; :func:`next_feeds` carries a step's new weights and state into the next;
   :func:`with_initializers` writes trained weights back;
@@ -69,6 +69,7 @@ from optkit.onnx._files import ModelSource, load_model
 from optkit.onnx._jax import OnnxFunction, to_jax
 from optkit.onnx._limits import GRADIENT_DEPTH_CEILING, MAX_GRADIENT_DEPTH, default_max_tensor_bytes
 from optkit.onnx._load import to_graph
+from optkit.onnx._lora import LoRA
 from optkit.onnx._ops import supported_ops
 from optkit.onnx._protos import InputInfo
 from optkit.onnx._training_model import make_training_model, next_feeds, with_initializers
@@ -78,6 +79,7 @@ __all__ = [
     "BackendRep",
     "GRADIENT_DEPTH_CEILING",
     "InputInfo",
+    "LoRA",
     "MAX_GRADIENT_DEPTH",
     "ModelSource",
     "OnnxFunction",

@@ -54,6 +54,7 @@ class Converted:
         traced values they would fail, so they are not trained by default.
       facts: what loading found out about the model for the runners (:class:`~optkit.onnx._analysis.Facts`;
         set by the pipeline, None for a sub-graph).
+      adapters: the initializers that ``lora=`` added (``<W>.lora_A``, ``<W>.lora_B``), set by the pipeline.
     """
 
     graph: Graph
@@ -64,6 +65,7 @@ class Converted:
     model: onnx.ModelProto | None = None
     static_initializers: frozenset[str] = frozenset()
     facts: Facts | None = None
+    adapters: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,6 +238,8 @@ def _node_function(fn, ctx: NodeContext, spec: OpSpec, schema: Any, count: int, 
             _check_outputs(jax.eval_shape(lambda: call(*values)), ctx, limit)
             with jax.ensure_compile_time_eval():
                 out = call(*values)
+            if any(isinstance(o, jax.core.Tracer) for o in (out if isinstance(out, tuple) else (out,))):
+                return out  # drawn from the run's random key (a traced value): not a constant
             if isinstance(out, tuple):
                 return tuple(None if o is None else np.asarray(o) for o in out)
             return np.asarray(out)

@@ -35,7 +35,8 @@ from optkit._src.graph.names import shape_text
 
 _log = logging.getLogger("optkit.onnx")
 
-__all__ = ["Feeds", "graph_function", "index_checks", "index_checks_active", "reverse_mode_only",
+__all__ = ["Feeds", "graph_function", "index_checks", "index_checks_active", "random_key", "random_key_active",
+           "reverse_mode_only",
            "reverse_mode_only_active", "run_dtype"]
 
 
@@ -56,6 +57,40 @@ _REVERSE_MODE_ONLY = contextvars.ContextVar("optkit_onnx_reverse_mode_only", def
 # True while a graph traced with index checks is evaluated (to_jax(..., checks=True), prepare(..., checks=True)):
 # every gathered or scattered index that is out of range raises through jax.experimental.checkify.
 _INDEX_CHECKS = contextvars.ContextVar("optkit_onnx_index_checks", default=False)
+
+
+# The key a graph traced with a random key draws from (apply_fn(params, *inputs, rng=key), OnnxModule with
+# nnx.Rngs): Dropout in training mode, the Random* operators, Bernoulli, Multinomial and LoRA's dropout fold the
+# node's name into it. None: each node's own seed attribute (0 without one).
+_RANDOM_KEY = contextvars.ContextVar("optkit_onnx_random_key", default=None)
+
+
+@contextlib.contextmanager
+def random_key(key: Any):
+    """Within this block, the graph's random operators draw from ``key`` (None: from their seeds)."""
+    token = _RANDOM_KEY.set(key)
+    try:
+        yield
+    finally:
+        _RANDOM_KEY.reset(token)
+
+
+def random_key_active() -> Any:
+    """The key the graph being traced draws from, or None."""
+    return _RANDOM_KEY.get()
+
+
+def as_key(rng: Any, what: str = "rng") -> jax.Array:
+    """``rng`` as a typed ``jax.random`` key: a typed key as it is, a raw ``uint32[2]`` key (``jax.random.PRNGKey``)
+    wrapped; anything else is a ``TypeError`` naming ``what``."""
+    if isinstance(rng, jax.Array) and jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        if rng.shape != ():
+            raise ValueError(f"{what} must be one key (shape ()), got a key array of shape {rng.shape}")
+        return rng
+    if hasattr(rng, "dtype") and np.dtype(rng.dtype) == np.uint32 and tuple(np.shape(rng)) == (2,):
+        return jax.random.wrap_key_data(rng)
+    raise TypeError(f"{what} must be a jax.random key (jax.random.key(seed)) or a uint32[2] jax.random.PRNGKey, "
+                    f"got {type(rng).__name__}{'' if not hasattr(rng, 'dtype') else f' of dtype {rng.dtype}'}")
 
 
 def reverse_mode_only(enabled: bool) -> contextlib.AbstractContextManager[None]:
@@ -230,15 +265,17 @@ _TRUNCATED = r"Explicitly requested dtype (int64|uint64|float64|complex128) requ
 
 def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], static: dict[str, np.ndarray],
                    dynamic: tuple[str, ...], *, jit: bool = True, donate: tuple[int, ...] = (),
-                   options: dict[str, Any] | None = None, reverse_only: bool = False, checks: bool = False):
+                   options: dict[str, Any] | None = None, reverse_only: bool = False, checks: bool = False,
+                   rng: bool = False):
     """``f(*values)`` -> the ``outputs`` of ``graph`` fed ``dynamic`` names positionally and ``static`` values as
     constants (the feeds checked by :class:`Feeds`), jitted with the ``donate`` positions donated and the XLA
     ``options``, traced for reverse-mode differentiation only if ``reverse_only`` (``to_jax``'s
     ``reverse_mode_only``) and with index checks if ``checks`` (``jax.experimental.checkify``: a compiled
     function raises the first failed check after running; op by op, ``jit=False``, the checks are left to a
     caller's ``checkify.checkify``); made once per ``dynamic`` names, ``donate``, ``options``,
-    ``reverse_only``, ``checks``, the caller's 64-bit setting and ``static`` values, kept in ``cache``."""
-    key = (dynamic, donate, tuple(sorted((options or {}).items())), reverse_only, checks,
+    ``reverse_only``, ``checks``, the caller's 64-bit setting and ``static`` values, kept in ``cache``. With
+    ``rng``, ``f(key, *values)``: the random operators draw from the typed ``key`` (:func:`random_key`)."""
+    key = (dynamic, donate, tuple(sorted((options or {}).items())), reverse_only, checks, rng,
            bool(jax.config.jax_enable_x64),
            tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
     fn = cache.get(key)
@@ -246,10 +283,12 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
         outputs = list(outputs)
 
         def run(*values):
+            drawn, values = (values[0], values[1:]) if rng else (None, values)
             feeds = dict(zip(dynamic, values))
             feeds.update(static)
             start = time.perf_counter()
-            with reverse_mode_only(reverse_only), index_checks(checks), warnings.catch_warnings():
+            with reverse_mode_only(reverse_only), index_checks(checks), random_key(drawn), \
+                    warnings.catch_warnings():
                 # With 64-bit mode off, an operator's INT64 or DOUBLE result runs as int32 or float32: the
                 # documented policy, not a surprise to warn about at every node.
                 warnings.filterwarnings("ignore", _TRUNCATED, UserWarning)

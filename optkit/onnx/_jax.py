@@ -23,10 +23,11 @@ import numpy as np
 import onnx
 
 from optkit.onnx._convert import Converted
-from optkit.onnx._feeds import Feeds, graph_function, run_dtype
+from optkit.onnx._feeds import Feeds, as_key, graph_function, run_dtype
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits
 from optkit.onnx._load import load
+from optkit.onnx._lora import LoRA
 from optkit.onnx._protos import InputInfo
 from optkit.onnx._summary import describe
 from optkit.onnx._training_model import select_trainable
@@ -63,7 +64,9 @@ class OnnxFunction:
       inputs: the graph inputs (:class:`~optkit.onnx.InputInfo`), in ``graph.input`` order.
       outputs: the output names returned, in order.
       param_names: the trainable initializers' names (the keys ``params`` must have).
-      model: the checked ``onnx.ModelProto``.
+      model: the checked ``onnx.ModelProto`` (with ``lora=``, the model with its adapter nodes).
+      lora: the :class:`~optkit.onnx.LoRA` its adapters were made with, or None.
+      adapters: the adapters' names in ``params`` (``<W>.lora_A``, ``<W>.lora_B``), or ().
 
     Raises:
       TypeError: (at call, while tracing) ``params`` not a mapping, a
@@ -105,17 +108,25 @@ class OnnxFunction:
         self._checks = bool(checks)
         self._loaded = loaded
         self._summary: str | None = None
+        self.lora: LoRA | None = None  # set by to_jax(..., lora=...)
+        self.adapters: tuple[str, ...] = ()
 
-    def __call__(self, params: Mapping[str, Any], *inputs: Any) -> Any:
+    def __call__(self, params: Mapping[str, Any], *inputs: Any, rng: Any = None) -> Any:
+        """Run the model: ``params``, the inputs (positionally or one mapping by name) and, for training-mode
+        ``Dropout`` masks, the random operators and LoRA's dropout, a ``jax.random`` key ``rng`` (each node draws
+        from it with its name folded in; None: each node's ``seed`` attribute, the same numbers at every call)."""
         feeds = self._feeds.named(inputs[0] if len(inputs) == 1 and isinstance(inputs[0], Mapping) else inputs)
         params = self._checked_params(params)
         feeds = self._feeds.checked(feeds)
         static, dynamic = self._feeds.split(feeds)
         values = (*params.values(), *(feeds[name] for name in dynamic))
+        if rng is not None:
+            values = (as_key(rng), *values)
         # With checks, inside a caller's trace the checks are staged for the caller's checkify.checkify.
         inside = self._checks and any(isinstance(v, jax.core.Tracer) for v in values)
         run = graph_function(self._functions, self._graph, self.outputs, static, (*params, *dynamic),
-                             reverse_only=self._reverse_only, checks=self._checks, jit=not inside)
+                             reverse_only=self._reverse_only, checks=self._checks, jit=not inside,
+                             rng=rng is not None)
         result = run(*values)
         return result[0] if self._single else result
 
@@ -178,6 +189,8 @@ def to_jax(
     reverse_mode_only: bool = False,
     untie: bool | Sequence[str] = False,
     checks: bool = False,
+    lora: LoRA | None = None,
+    lora_key: Any = None,
 ) -> tuple[OnnxFunction, dict[str, jax.Array]]:
     """An ONNX model as a pure JAX function and its trainable parameters: ``apply_fn, params``.
 
@@ -226,6 +239,14 @@ def to_jax(
         ``grad``), wrap the function with ``checkify.checkify(f, errors=checkify.user_checks)`` and call
         ``err.throw()``. Default False: an out-of-range index gives NaN (floats) or the type's fill value,
         never another element (JAX's ``mode="fill"``), and costs nothing.
+      lora: low-rank adapters (:class:`~optkit.onnx.LoRA`) on the weights of the ``MatMul``, ``Gemm`` and
+        ``MatMulNBits`` nodes it targets: each such node computes ``x @ W + (alpha / rank) * (x @ A) @ B``.
+        ``params`` then holds the adapters, ``<W>.lora_A`` (in x rank, random) and ``<W>.lora_B`` (rank x out,
+        zeros: the model starts as exported), float32 (float64 for a DOUBLE weight), plus only the initializers ``trainable``
+        names explicitly (default none); the base weights are constants of ``apply_fn`` in the file's dtype
+        and packing (no gradient, no optimizer state). :func:`with_initializers` writes the adapters back
+        (``lora=`` the same). ``apply_fn.lora`` keeps it.
+      lora_key: the ``jax.random`` key of the adapters' ``A`` values; default ``jax.random.key(lora.seed)``.
 
     Returns:
       ``(apply_fn, params)``.
@@ -260,10 +281,15 @@ def to_jax(
       (3, 2)
     """
     limits = Limits.make(max_tensor_bytes, max_gradient_depth, max_gradient_passes=max_gradient_passes)
-    loaded = load(model, limits, base_dir, untie=untie)
+    loaded = load(model, limits, base_dir, untie=untie, lora=lora, lora_key=lora_key)
     values = dict(loaded.graph.initializers)
     floating = {name: bool(jnp.issubdtype(np.asarray(v).dtype, jnp.floating)) for name, v in values.items()}
-    names = select_trainable(floating, loaded.facts.default_trainable, trainable, frozen, allow_empty=True)
+    if lora is None:
+        names = select_trainable(floating, loaded.facts.default_trainable, trainable, frozen, allow_empty=True)
+    else:  # the adapters, and what trainable= names besides
+        extra = [] if trainable is None else select_trainable(floating, loaded.facts.default_trainable, trainable,
+                                                               frozen, allow_empty=True)
+        names = [*loaded.adapters, *(name for name in extra if name not in loaded.adapters)]
     tied = {name: loaded.facts.shared[name] for name in names if name in loaded.facts.shared}
     if tied and not untie:
         shown = "; ".join(f"{name!r} by {len(nodes)} nodes ({', '.join(map(repr, nodes[:3]))}"
@@ -283,4 +309,6 @@ def to_jax(
                              f"{list(loaded.outputs)}")
     specs = {name: (tuple(np.shape(values[name])), np.asarray(values[name]).dtype) for name in names}
     params = {name: jnp.asarray(values[name], run_dtype(specs[name][1])) for name in names}
-    return OnnxFunction(loaded, specs, tuple(chosen), single, reverse_mode_only, checks), params
+    apply_fn = OnnxFunction(loaded, specs, tuple(chosen), single, reverse_mode_only, checks)
+    apply_fn.lora, apply_fn.adapters = lora, loaded.adapters
+    return apply_fn, params

@@ -9,7 +9,8 @@
 3. :func:`~optkit.onnx._files.check_model`: ``onnx.checker`` (once: not again for a ModelProto that
    :func:`~optkit.onnx.load_model` checked and returned unchanged);
    With ``untie``, the checked model's shared initializers are copied per reading node
-   (:mod:`optkit.onnx._untie`);
+   (:mod:`optkit.onnx._untie`); with ``lora``, low-rank adapters are added to its matmul nodes
+   (:mod:`optkit.onnx._lora`; their operators looked up as in step 2);
 4. :func:`~optkit.onnx._functions.expand_functions`: model-local functions
    inlined, the expansion bounded;
 5. :func:`~optkit.onnx._convert.convert`: declarations decoded
@@ -32,6 +33,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from optkit import Graph
 from optkit.onnx._analysis import facts_of
@@ -39,6 +41,7 @@ from optkit.onnx._convert import Converted, convert
 from optkit.onnx._files import ModelSource, check_once, read_model
 from optkit.onnx._functions import expand_functions
 from optkit.onnx._limits import Limits
+from optkit.onnx._lora import LoRA, add_adapters
 from optkit.onnx._operators import check_operators
 from optkit.onnx._untie import deduplicated
 from optkit.onnx._untie import untie as untie_copies
@@ -49,10 +52,12 @@ _log = logging.getLogger("optkit.onnx")
 
 
 def load(model: ModelSource, limits: Limits, base_dir: str | os.PathLike[str] | None = None,
-         untie: bool | Sequence[str] = False) -> Converted:
+         untie: bool | Sequence[str] = False, lora: LoRA | None = None, lora_key: Any = None) -> Converted:
     """Read, check and convert ``model`` under ``limits``: the pipeline above; errors as :func:`to_graph`.
     ``untie``: after the checks, give each node its own copy of the initializers an exporter shared (True:
-    those :func:`~optkit.onnx._untie.deduplicated` finds; or the names given), :func:`~optkit.onnx._untie.untie`."""
+    those :func:`~optkit.onnx._untie.deduplicated` finds; or the names given), :func:`~optkit.onnx._untie.untie`.
+    ``lora``: then add its adapters (:func:`~optkit.onnx._lora.add_adapters`, ``A`` drawn from ``lora_key``);
+    their names are ``Converted.adapters``."""
     times = [time.perf_counter()]
     proto, origin = read_model(model, base_dir, limits)
     times.append(time.perf_counter())
@@ -60,6 +65,10 @@ def load(model: ModelSource, limits: Limits, base_dir: str | os.PathLike[str] | 
     check_once(proto, origin, model)
     if untie:
         proto = untie_copies(proto, deduplicated(proto) if untie is True else untie)
+    adapters: tuple[str, ...] = ()
+    if lora is not None:
+        proto, adapters = add_adapters(proto, lora, lora_key)
+        operators = check_operators(proto)
     times.append(time.perf_counter())
     expanded = expand_functions(proto) if proto.functions else proto
     converted = convert(expanded, operators, limits)
@@ -68,7 +77,7 @@ def load(model: ModelSource, limits: Limits, base_dir: str | os.PathLike[str] | 
     read, check, build = (b - a for a, b in zip(times, times[1:]))
     _log.info("loaded %s: read %.2f s, operators and onnx.checker %.2f s, converted %d nodes %.2f s", origin, read,
               check, len(converted.graph.nodes), build)
-    return dataclasses.replace(converted, model=proto, facts=facts)
+    return dataclasses.replace(converted, model=proto, facts=facts, adapters=adapters)
 
 
 def to_graph(

@@ -7,11 +7,13 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 from flax import nnx
 from flax.core import meta
 
 from optkit.onnx._files import ModelSource
 from optkit.onnx._jax import OnnxFunction, to_jax
+from optkit.onnx._lora import LoRA
 
 __all__ = ["OnnxModule"]
 
@@ -36,6 +38,15 @@ class OnnxModule(nnx.Module):
         sets), which ``nnx.get_partition_spec`` and optkit's Adafactor read;
         under ``jax.set_mesh(mesh)`` the values are placed so at construction
         (without a mesh the names are metadata only).
+      lora: low-rank adapters (:class:`~optkit.onnx.LoRA`, as :func:`to_jax`): the module's parameters are
+        then the adapters, as ``nnx.LoRAParam`` (``nnx.Optimizer(module, tx, wrt=nnx.LoRAParam)`` trains only
+        them, as with Flax's ``nnx.LoRA``), plus ``nnx.Param`` for what ``trainable`` names; ``A``'s initial
+        values are drawn from ``rngs.params()`` when ``rngs`` has a ``params`` stream.
+      rngs: ``nnx.Rngs`` (or a stream): each call draws a key from its ``rng_collection`` stream (default
+        ``"dropout"``, else the default stream) for training-mode ``Dropout`` masks, the random operators and
+        LoRA's dropout (``nnx.Dropout``'s convention). None: they use their ``seed`` attributes.
+      deterministic: no random draws (``module.eval()`` sets it, ``module.train()`` clears it).
+      rng_collection: the stream of ``rngs`` drawn from.
       kwargs: ``base_dir``, ``max_tensor_bytes``, ``max_gradient_depth``,
         ``max_gradient_passes``, as :func:`prepare`; ``reverse_mode_only``, as
         :func:`to_jax`.
@@ -71,10 +82,27 @@ class OnnxModule(nnx.Module):
                  outputs: str | Sequence[str] | None = None,
                  sharding: Callable[[str, tuple[int, ...]], Sequence[str | None] | None] | None = None,
                  base_dir: str | os.PathLike[str] | None = None, untie: bool | Sequence[str] = False,
-                 **limits: Any) -> None:
-        apply_fn, values = to_jax(model, trainable=trainable, frozen=frozen, outputs=outputs, base_dir=base_dir,
-                                  untie=untie, **limits)
+                 lora: LoRA | None = None, rngs: nnx.Rngs | nnx.RngStream | None = None,
+                 deterministic: bool = False, rng_collection: str = "dropout", **limits: Any) -> None:
+        if lora is None:
+            apply_fn, values = to_jax(model, trainable=trainable, frozen=frozen, outputs=outputs, base_dir=base_dir,
+                                      untie=untie, **limits)
+        else:  # the adapters' A drawn from rngs.params() when rngs has that stream, else from lora.seed
+            key = rngs.params() if isinstance(rngs, nnx.Rngs) and "params" in rngs else None
+            apply_fn, values = to_jax(model, trainable=trainable, frozen=frozen, outputs=outputs, base_dir=base_dir,
+                                      untie=untie, lora=lora, lora_key=key, **limits)
         self.apply_fn: OnnxFunction = apply_fn
+        self.deterministic = deterministic
+        self.rng_collection = rng_collection
+        if isinstance(rngs, nnx.Rngs):
+            self.rngs = rngs[rng_collection].fork() if rng_collection in rngs else rngs.default.fork()
+        elif isinstance(rngs, nnx.RngStream):
+            self.rngs = rngs.fork()
+        elif rngs is None:
+            self.rngs = nnx.data(None)
+        else:
+            raise TypeError(f"rngs must be an nnx.Rngs, an nnx.RngStream or None, got {type(rngs).__name__}")
+        adapters = set(getattr(apply_fn, "adapters", ()))
         params = {}
         for name, value in values.items():
             metadata: dict[str, Any] = {"onnx_name": name}
@@ -87,11 +115,23 @@ class OnnxModule(nnx.Module):
                 metadata["out_sharding"] = names
                 if meta.get_global_mesh() is None:  # no mesh to place it on now: the names are metadata only
                     metadata["eager_sharding"] = False
-            params[name] = nnx.Param(value, **metadata)
+            params[name] = (nnx.LoRAParam if name in adapters else nnx.Param)(value, **metadata)
         self.params = nnx.Dict(params)
 
-    def __call__(self, *inputs: Any) -> Any:
-        return self.apply_fn({name: param[...] for name, param in self.params.items()}, *inputs)
+    def __call__(self, *inputs: Any, rngs: nnx.Rngs | nnx.RngStream | jax.Array | None = None,
+                 deterministic: bool | None = None) -> Any:
+        """Run the model on ``inputs``; random operators (training-mode ``Dropout``, ``Random*``, LoRA's dropout)
+        draw a fresh key from ``rngs`` (this call's, else the module's) unless ``deterministic`` (this call's,
+        else the module's, which ``module.eval()`` sets), as ``nnx.Dropout`` does; with neither, from their
+        seeds."""
+        deterministic = self.deterministic if deterministic is None else deterministic
+        key = None
+        if not deterministic:
+            stream = rngs if rngs is not None else self.rngs
+            if isinstance(stream, nnx.Rngs):
+                stream = stream[self.rng_collection] if self.rng_collection in stream else stream.default
+            key = stream() if isinstance(stream, nnx.RngStream) else stream
+        return self.apply_fn({name: param[...] for name, param in self.params.items()}, *inputs, rng=key)
 
     def summary(self) -> str:
         """What is in the model and what the module trains (:meth:`OnnxFunction.summary`)."""

@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from optkit.onnx._limits import Limits
 from optkit.onnx._load import load
+from optkit.onnx._lora import ADAPTER_DOMAIN, LoRA, write_adapters
 from optkit.onnx._ops._values import TRAINING_DOMAIN, normalize_domain
 
 __all__ = ["make_training_model", "next_feeds", "select_trainable", "with_initializers"]
@@ -245,21 +246,33 @@ def _zeros_like(tensor: onnx.TensorProto, name: str) -> onnx.TensorProto:
                                    name)
 
 
-def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx.ModelProto:
+def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any], *, lora: LoRA | None = None,
+                      merge: bool = True) -> onnx.ModelProto:
     """A copy of ``model`` with the initializers named in ``values`` replaced (trained weights saved).
 
     Args:
       model: an ONNX model; not modified.
       values: initializer name -> array of the initializer's shape (its dtype is kept), as
         :func:`to_jax`'s ``params``; or the ``nnx.State`` of an :class:`OnnxModule`'s parameters
-        (``nnx.state(module, nnx.Param)``), or the module itself.
+        (``nnx.state(module, nnx.Param)``), or the module itself. Adapters of ``to_jax(..., lora=...)``
+        (``<W>.lora_A``, ``<W>.lora_B``) are written as ``merge`` says.
+      lora: the :class:`~optkit.onnx.LoRA` the adapters in ``values`` were trained with (an
+        :class:`OnnxModule` given as ``values`` brings its own).
+      merge: True (default): a float weight's adapter is merged into it, ``W + (alpha / rank) * A @ B``
+        computed in float64 and stored in ``W``'s dtype, so the file has its original nodes. False, and
+        always for 4- and 8-bit ``MatMulNBits`` weights: the adapter is kept as a float side branch after
+        each adapted node, ``y + MatMul(MatMul(x, A), B) * (alpha / rank)`` in standard operators (the
+        quantized base stays bit for bit as it was: re-quantizing the merged weight would round away an
+        update far smaller than one quantization step).
 
     Returns:
       A new ``onnx.ModelProto``.
 
     Raises:
       TypeError: ``values`` is not a mapping, a state or a module.
-      ValueError: a name that is not an initializer, or an array of another shape.
+      ValueError: a name that is not an initializer, or an array of another shape; adapters without
+        ``lora``, or given with the model that holds optkit's LoRA nodes (``apply_fn.model``) instead of the
+        original.
 
     Example:
       >>> import numpy as np, optkit.onnx
@@ -273,7 +286,18 @@ def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx
       >>> numpy_helper.to_array(new.graph.initializer[0])
       array([1., 2.], dtype=float32)
     """
+    lora = lora if lora is not None else getattr(getattr(values, "apply_fn", None), "lora", None)
     values = _by_initializer_name(values)
+    adapters = {name: v for name, v in values.items() if name.endswith((".lora_A", ".lora_B"))}
+    if adapters:
+        if any(node.domain == ADAPTER_DOMAIN for node in model.graph.node):
+            raise ValueError("model holds optkit's LoRA nodes (apply_fn.model), which ONNX Runtime cannot run: pass "
+                             "the model you gave to_jax")
+        if lora is None:
+            raise ValueError(f"values holds LoRA adapters ({sorted(adapters)[:2]}...): pass lora=, the LoRA they "
+                             f"were trained with")
+        model, merged = write_adapters(model, adapters, lora, merge)
+        values = {**{k: v for k, v in values.items() if k not in adapters}, **merged}
     new = onnx.ModelProto()
     new.CopyFrom(model)
     index = {init.name: i for i, init in enumerate(new.graph.initializer)}

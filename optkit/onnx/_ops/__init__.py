@@ -30,7 +30,9 @@ Where an operator goes: its family module, by what it does:
 - :mod:`~optkit.onnx._ops.quantize`: ``QuantizeLinear``, ``DequantizeLinear``,
   ``DynamicQuantizeLinear``;
 - :mod:`~optkit.onnx._ops.contrib`: ONNX Runtime's ``com.microsoft`` fused activations and Skip
-  normalizations (``FastGelu``, ``BiasGelu``, ``SkipLayerNormalization``...).
+  normalizations (``FastGelu``, ``BiasGelu``, ``SkipLayerNormalization``...);
+- :mod:`~optkit.onnx._ops.adapters`: ``ai.optkit::LoRA``, the low-rank adapter term ``to_jax(..., lora=)``
+  adds (no exporter writes it).
 
 Each module registers its builders with one form, the
 decorator ``@OPS.op(op_type, *since_versions, params=..., static_inputs=...)``
@@ -43,6 +45,7 @@ are declared.
 from __future__ import annotations
 
 from optkit.onnx._ops import (
+    adapters,
     algebra,
     attention,
     contrib,
@@ -69,7 +72,7 @@ __all__ = ["TABLE", "supported_ops"]
 TABLE = OpTable(elementwise.OPS, nn.OPS, pool.OPS, normalization.OPS, recurrent.OPS, shape.OPS, reduce.OPS, loss.OPS,
                 training.OPS, control.OPS, attention.OPS, quantize.OPS,
                 resize.OPS, sampling.OPS, randomness.OPS, indexing.OPS, algebra.OPS, contrib.OPS,
-                contrib.DEFAULT_DOMAIN_OPS)
+                contrib.DEFAULT_DOMAIN_OPS, adapters.OPS)
 
 
 def supported_ops() -> list[tuple[str, str, int]]:
@@ -78,7 +81,7 @@ def supported_ops() -> list[tuple[str, str, int]]:
     Returns:
       Sorted ``(domain, op_type, since_version)`` tuples; domain ``""`` is
       ``ai.onnx``, ``"ai.onnx.preview.training"`` holds Adagrad, Adam,
-      Momentum and Gradient. A model importing opset ``N`` runs an operator
+      Momentum and Gradient. (The ``ai.optkit::LoRA`` node that ``to_jax(..., lora=)`` adds is not listed.) A model importing opset ``N`` runs an operator
       with the row of the newest ``since_version <= N``, if ONNX has no newer
       version of it at ``N``.
 
@@ -87,4 +90,4 @@ def supported_ops() -> list[tuple[str, str, int]]:
       >>> ("ai.onnx.preview.training", "Adam", 1) in optkit.onnx.supported_ops()
       True
     """
-    return TABLE.rows()
+    return [row for row in TABLE.rows() if row[0] != adapters.OPS.domain]  # ai.optkit: optkit's own LoRA node

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,11 +12,20 @@ import numpy as np
 from jax import lax
 from jax.experimental import checkify
 
-from optkit.onnx._feeds import index_checks_active
+from optkit.onnx._feeds import index_checks_active, random_key_active
 from optkit.onnx._ops._registry import NodeContext
 
 __all__ = ["on_cpu", "axis_index", "axis_indices", "is_integer", "lowest", "checked_indices", "below_max", "softmax",
            "log_softmax"]
+
+
+def node_key(ctx: NodeContext, seed: Any = None) -> jax.Array:
+    """The ``jax.random`` key a random node draws from: the run's key (``apply_fn(..., rng=key)``) with the node's
+    name folded in, one stream per node; without one, ``jax.random.key(seed)`` (0 when the node has no seed)."""
+    drawn = random_key_active()
+    if drawn is None:
+        return jax.random.key(int(seed) if seed is not None else 0)
+    return jax.random.fold_in(drawn, zlib.crc32(ctx.name.encode()) & 0x7FFFFFFF)
 
 
 def axis_index(ctx: NodeContext, axis: int, rank: int, what: str = "axis") -> int:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from optkit.onnx._ops._common import axis_index
+from optkit.onnx._ops._common import axis_index, node_key
 from optkit.onnx._ops._registry import Family, Layout
 from optkit.onnx._ops._values import onnx_dtype
 from optkit.onnx._ops._window import per_channel
@@ -175,8 +175,8 @@ def _dropout(ctx):
         if not training or ratio_value == 0:
             y, mask = x, jnp.ones(jnp.shape(x), bool)
         else:
-            # ONNX leaves the random numbers to the backend: a mask drawn from `seed` (0 without one).
-            key = jax.random.key(int(seed) if seed is not None else 0)
+            # ONNX leaves the random numbers to the backend: a mask drawn from the run's key, else from `seed`.
+            key = node_key(ctx, seed)
             mask = jax.random.bernoulli(key, 1 - ratio_value, jnp.shape(x))
             scale = np.asarray(1 / (1 - ratio_value), jnp.result_type(x))
             y = jnp.where(mask, x * scale, jnp.zeros((), jnp.result_type(x)))

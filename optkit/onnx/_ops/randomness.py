@@ -1,10 +1,11 @@
 """Random numbers: ``RandomUniform``, ``RandomNormal``, their ``*Like`` forms, ``Bernoulli``, ``Multinomial``.
 
 ONNX leaves the generator to the backend. optkit draws from JAX's
-``jax.random`` with the key ``jax.random.key(seed)`` of the node's ``seed``
-attribute (a float, truncated to an integer), or of 0 when the node has none,
-as ``Dropout`` does: a model gives the same numbers at every run, jitted or
-not. (ONNX's node cases compute their expected values with NumPy's generator,
+``jax.random``: with a key given to the run (``apply_fn(params, *inputs, rng=key)``, an
+:class:`~optkit.onnx.OnnxModule` with ``nnx.Rngs``), from that key with the node's name folded in (fresh numbers
+per key, the same for the same key); without one, with the key ``jax.random.key(seed)`` of the node's ``seed``
+attribute (a float, truncated to an integer), or of 0 when the node has none, as ``Dropout`` does: a model then
+gives the same numbers at every run, jitted or not. (ONNX's node cases compute their expected values with NumPy's generator,
 which no backend reproduces.) The outputs are constants for differentiation.
 """
 
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from optkit.onnx._ops._common import node_key
 from optkit.onnx._ops._registry import Family
 from optkit.onnx._ops._values import onnx_dtype
 
@@ -21,8 +23,7 @@ OPS = Family("randomness")
 
 
 def _key(ctx):
-    seed = ctx.attrs.get("seed")
-    return jax.random.key(int(seed) if seed is not None else 0)
+    return node_key(ctx, ctx.attrs.get("seed"))
 
 
 def _dtype(ctx, like=None):

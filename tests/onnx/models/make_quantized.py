@@ -4,7 +4,11 @@
 points, int8 weights, per tensor; calibrated on 16 random batches) turns
 ``tests/onnx/models/torch_torchscript_cnn.onnx`` (torch.onnx, TorchScript exporter) into
 ``quantized/ort_qdq_cnn.onnx``; ``quantized/ort_qdq_cnn.npz`` holds an input and ONNX Runtime's output
-on it, and ``quantized/versions.json`` the versions. Needs onnxruntime (optkit's test extra); the files
+on it, and ``quantized/versions.json`` the versions. ``MatMulNBitsQuantizer`` (4-bit, block size 16,
+asymmetric: uint8 zero points) turns the torch.onnx LLaMA (dynamo) and BERT (TorchScript) exports into
+``quantized/ort_int4_llama.onnx`` and ``quantized/ort_int4_bert.onnx`` (every MatMul with a weight
+initializer becomes a com.microsoft ``MatMulNBits``), with ONNX Runtime's outputs in the ``.npz`` of
+the same name. Needs onnxruntime (optkit's test extra) and, for the int4 files, ``onnx_ir``; the files
 are committed:
 
     python tests/onnx/models/make_quantized.py
@@ -46,10 +50,36 @@ def main() -> None:
     session = onnxruntime.InferenceSession(str(target), providers=["CPUExecutionProvider"])
     np.savez(OUT / "ort_qdq_cnn.npz", input=x, output=session.run(None, {name: x})[0])
     ops = sorted({n.op_type for n in onnx.load(str(target)).graph.node})
+    int4 = {name: _int4(name, source) for name, source in (("llama", "torch_dynamo_llama"),
+                                                           ("bert", "torch_torchscript_bert"))}
     (OUT / "versions.json").write_text(json.dumps(
-        {"onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__, "source": source.name, "ops": ops},
-        indent=1, sort_keys=True) + "\n")
-    print(target, ops)
+        {"onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__, "source": source.name, "ops": ops,
+         "int4": int4}, indent=1, sort_keys=True) + "\n")
+    print(target, ops, int4)
+
+
+def _int4(name: str, source: str) -> dict:
+    """``quantized/ort_int4_<name>.onnx`` from ``<source>.onnx`` by MatMulNBitsQuantizer, and ONNX Runtime's
+    outputs on the source's saved input."""
+    import onnx
+    import onnxruntime
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(HERE / f"{source}.onnx")), block_size=16, is_symmetric=False)
+    quantizer.process()
+    model = quantizer.model.model
+    target = OUT / f"ort_int4_{name}.onnx"
+    onnx.save(model, str(target))
+    saved = np.load(HERE / f"{source}.npz")
+    feeds = {i.name: saved[i.name] for i in model.graph.input if i.name in saved}
+    if not feeds:  # one-input exports save it as "input"
+        feeds = {model.graph.input[0].name: saved["input"]}
+    session = onnxruntime.InferenceSession(str(target), providers=["CPUExecutionProvider"])
+    outputs = session.run(None, feeds)
+    np.savez(OUT / f"ort_int4_{name}.npz", **feeds, **{f"output:{o.name}": v
+                                                        for o, v in zip(model.graph.output, outputs)})
+    return {"source": f"{source}.onnx", "block_size": 16, "bits": 4,
+            "MatMulNBits": sum(n.op_type == "MatMulNBits" for n in model.graph.node)}
 
 
 if __name__ == "__main__":
