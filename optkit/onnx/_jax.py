@@ -242,7 +242,8 @@ def to_jax(
       lora: low-rank adapters (:class:`~optkit.onnx.LoRA`) on the weights of the ``MatMul``, ``Gemm`` and
         ``MatMulNBits`` nodes it targets: each such node computes ``x @ W + (alpha / rank) * (x @ A) @ B``.
         ``params`` then holds the adapters, ``<W>.lora_A`` (in x rank, random) and ``<W>.lora_B`` (rank x out,
-        zeros: the model starts as exported), float32 (float64 for a DOUBLE weight), plus only the initializers ``trainable``
+        zeros: the model starts as exported), float32 (float64 for a DOUBLE weight), plus only the initializers
+        ``trainable``
         names explicitly (default none); the base weights are constants of ``apply_fn`` in the file's dtype
         and packing (no gradient, no optimizer state). :func:`with_initializers` writes the adapters back
         (``lora=`` the same). ``apply_fn.lora`` keeps it.

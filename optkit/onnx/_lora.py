@@ -3,9 +3,10 @@
 
 Each adapted weight ``W`` (``in x out`` as the matmul applies it) gets ``A`` (``in x rank``, uniform in
 ``+-1/sqrt(in)`` as PEFT initializes it) and ``B`` (``rank x out``, zeros), named ``<W>.lora_A`` and
-``<W>.lora_B``: the model starts exactly as exported. Every node that reads ``W`` as its weight computes
+``<W>.lora_B``: the model starts as exported. Every node that reads ``W`` as its weight computes
 ``y = x @ W + (alpha / rank) * (x @ A) @ B`` at the node (Hu et al. 2021, eq. 3), the adapters in float32
-(float64 for a DOUBLE weight), the base weight left as the file holds it (a constant in its dtype and packing; ``MatMulNBits``' 4- and 8-bit blocks stay packed).
+(float64 for a DOUBLE weight), the base weight left as the file holds it (a constant in its dtype and
+packing; ``MatMulNBits``' 4- and 8-bit blocks stay packed).
 """
 
 from __future__ import annotations
@@ -131,8 +132,11 @@ def adapter_targets(model: onnx.ModelProto, lora: LoRA) -> list[_Target]:
     if lora.targets is None:
         chosen = found
     else:
-        chosen = [t for t in found if any(fnmatch.fnmatchcase(t.weight, p) or fnmatch.fnmatchcase(graph.node[t.node].name, p)
-                                          for p in lora.targets)]
+        def matches(t: _Target) -> bool:
+            return any(fnmatch.fnmatchcase(t.weight, p) or fnmatch.fnmatchcase(graph.node[t.node].name, p)
+                       for p in lora.targets)
+
+        chosen = [t for t in found if matches(t)]
     if not chosen:
         weights = sorted({t.weight for t in found})
         hint = difflib.get_close_matches(lora.targets[0], weights, n=3, cutoff=0.3) if lora.targets else []

@@ -81,7 +81,8 @@ def supported_ops() -> list[tuple[str, str, int]]:
     Returns:
       Sorted ``(domain, op_type, since_version)`` tuples; domain ``""`` is
       ``ai.onnx``, ``"ai.onnx.preview.training"`` holds Adagrad, Adam,
-      Momentum and Gradient. (The ``ai.optkit::LoRA`` node that ``to_jax(..., lora=)`` adds is not listed.) A model importing opset ``N`` runs an operator
+      Momentum and Gradient. (The ``ai.optkit::LoRA`` node that ``to_jax(..., lora=)`` adds is not
+      listed.) A model importing opset ``N`` runs an operator
       with the row of the newest ``since_version <= N``, if ONNX has no newer
       version of it at ``N``.
 

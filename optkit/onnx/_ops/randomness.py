@@ -5,8 +5,8 @@ ONNX leaves the generator to the backend. optkit draws from JAX's
 :class:`~optkit.onnx.OnnxModule` with ``nnx.Rngs``), from that key with the node's name folded in (fresh numbers
 per key, the same for the same key); without one, with the key ``jax.random.key(seed)`` of the node's ``seed``
 attribute (a float, truncated to an integer), or of 0 when the node has none, as ``Dropout`` does: a model then
-gives the same numbers at every run, jitted or not. (ONNX's node cases compute their expected values with NumPy's generator,
-which no backend reproduces.) The outputs are constants for differentiation.
+gives the same numbers at every run, jitted or not. (ONNX's node cases compute their expected values with
+NumPy's generator, which no backend reproduces.) The outputs are constants for differentiation.
 """
 
 from __future__ import annotations
