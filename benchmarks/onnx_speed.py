@@ -21,6 +21,11 @@ the machine's cores. Needs torch, torchvision and transformers (not optkit depen
     python -m benchmarks.onnx_speed --cache                 # and the first step of a second process (cache)
     python -m benchmarks.onnx_speed --reverse-mode-only     # optkit's training step via to_jax(reverse_mode_only=True)
     python -m benchmarks.onnx_speed --hugepages             # rerun under GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+    python -m benchmarks.onnx_speed --small                 # inference at 1 x 32 x 32 and 2 x 64 x 64, 1 and 2 threads
+
+``--small`` times the three convolutional models' inference where on-device users run them (batch 1 at 32 x 32,
+batch 2 at 64 x 64), each thread count in a child process pinned to that many cores, XLA:CPU limited to as many
+threads (``XLA_FLAGS``) and ONNX Runtime's ``intra_op_num_threads`` the same.
 
 ``--hugepages`` starts the benchmark again in a process whose glibc backs large allocations with transparent huge
 pages (glibc 2.35+, THP in ``madvise`` or ``always`` mode): XLA:CPU allocates each call's intermediates afresh and
@@ -254,6 +259,62 @@ def overhead(calls: int = 3000) -> dict:
             "direct_us": direct}
 
 
+SMALL = ((1, 32), (2, 64))
+_ONE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+def small_inference(threads: int, repeats: int) -> list[dict]:
+    """In this process (pinned to ``threads`` cores by the caller): each CNN exported at each size of ``SMALL``,
+    the medians of ONNX Runtime's and ``prepare(model).run``'s inference."""
+    import onnxruntime
+    import torch
+
+    import optkit.onnx
+
+    torch.set_num_threads(threads)
+    rows = []
+    for name in MODELS[:3]:
+        for batch, pixels in SMALL:
+            torch.manual_seed(0)
+            module = getattr(_torchvision().models, name)(weights=None, num_classes=10).eval()
+            x = torch.randn(batch, 3, pixels, pixels)
+            buffer = io.BytesIO()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(module, (x,), buffer, input_names=["input"], output_names=["output"],
+                                  opset_version=17, dynamo=False, external_data=False)
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+            session = onnxruntime.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
+            feed = x.numpy()
+            rep = optkit.onnx.prepare(buffer.getvalue())
+            np.testing.assert_allclose(rep.run([feed])[0], session.run(None, {"input": feed})[0], rtol=1e-3,
+                                       atol=1e-4)
+            rows.append({"model": name, "batch": batch, "pixels": pixels, "threads": threads,
+                         "ort_s": _median_time(lambda: session.run(None, {"input": feed}), repeats),
+                         "optkit_s": _median_time(lambda: rep.run([feed]), repeats)})
+    return rows
+
+
+def _small(repeats: int) -> None:
+    import json
+    import subprocess
+
+    print(f"inference, medians of {repeats} runs; each thread count in its own process pinned to that many cores")
+    print("| model | input | threads | optkit / ORT |")
+    print("|---|---|---:|---|")
+    for threads in (1, 2):
+        env = dict(os.environ)
+        if threads == 1:
+            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {_ONE_THREAD_XLA}".strip()
+        out = subprocess.run([sys.executable, "-m", "benchmarks.onnx_speed", "--small-worker", str(threads),
+                              "--repeats", str(repeats)], env=env, capture_output=True, text=True, check=True)
+        for r in json.loads(out.stdout.strip().splitlines()[-1]):
+            print(f"| {r['model']} | {r['batch']} x 3 x {r['pixels']} x {r['pixels']} | {threads} | "
+                  f"{r['optkit_s'] / r['ort_s']:.2f}x ({r['optkit_s'] * 1e3:.2f} ms vs {r['ort_s'] * 1e3:.2f} ms) |",
+                  flush=True)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
@@ -268,7 +329,19 @@ def main(argv=None) -> None:
     parser.add_argument("--hugepages", action="store_true",
                         help=f"rerun in a process started with GLIBC_TUNABLES={HUGEPAGES} (large allocations on "
                              "transparent huge pages)")
+    parser.add_argument("--small", action="store_true",
+                        help="only inference at 1 x 32 x 32 and 2 x 64 x 64, on 1 and 2 threads (CNNs)")
+    parser.add_argument("--small-worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.small_worker:
+        import json
+
+        os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:args.small_worker]))
+        print(json.dumps(small_inference(args.small_worker, max(args.repeats, 20))))
+        return
+    if args.small:
+        _small(max(args.repeats, 20))
+        return
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     if args.hugepages and HUGEPAGES not in tunables.split(":"):
         env = {**os.environ, "GLIBC_TUNABLES": ":".join(t for t in (tunables, HUGEPAGES) if t)}

@@ -296,3 +296,56 @@ def test_an_initializer_fed_with_more_axes_than_declared_is_an_error_naming_the_
     np.testing.assert_allclose(fn(x, np.full((2, 1, 1), 2.0, np.float32)) - fn(x, np.zeros((2, 1, 1), np.float32)), 2.0)
     with pytest.raises(ValueError, match=r"add0.*'bias'.*\(1, 1, 2, 1, 1\)"):
         fn(x, np.ones((1, 1, 2, 1, 1), np.float32))
+
+
+# ------------------------------------------------------------------ small outputs on CPU (issue 45)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 512, 1, 1), (64, 512, 3, 3), {"pads": [1, 1, 1, 1]}),                  # windows gathered: 1 point
+    ((2, 256, 4, 4), (32, 256, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # 4 points
+    ((2, 300, 3, 3), (16, 300, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((1, 2304, 1, 1), (8, 2304, 1, 1), {}),
+    ((2, 672, 4, 4), (672, 1, 5, 5), {"pads": [2, 2, 2, 2], "group": 672}),   # depthwise: shifted slices
+    ((1, 96, 3, 3), (192, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 96}),     # depth multiplier 2
+])
+def test_small_output_convolutions_match_onnx_runtime_and_xla_gradients(x_shape, w_shape, attrs):
+    """The forms a small output takes on CPU (the windows as slices and one matrix product; depthwise shifted
+    slices): ONNX Runtime's values, and in float64 the gradients of XLA's own convolution."""
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(45)
+    x = rng.normal(size=x_shape).astype(np.float32)
+    w = (rng.normal(size=w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], **attrs)
+    model = onnx_model([node], [onnx_info("x", TensorProto.FLOAT, list(x_shape))],
+                       [onnx_info("y", TensorProto.FLOAT, ["n", "c", "h", "w"])], [numpy_helper.from_array(w, "w")])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(optkit.onnx.prepare(model).run([x])[0], want, rtol=2e-5, atol=2e-5)
+
+    with jax.enable_x64(True):
+        apply_fn, params = optkit.onnx.to_jax(_double(model))
+        pads = attrs.get("pads", [0, 0, 0, 0])
+
+        def xla(p, x):
+            return jax.lax.conv_general_dilated(x, p["w"], tuple(attrs.get("strides", [1, 1])),
+                                                [(pads[0], pads[2]), (pads[1], pads[3])],
+                                                rhs_dilation=tuple(attrs.get("dilations", [1, 1])),
+                                                feature_group_count=attrs.get("group", 1))
+
+        x64 = jnp.asarray(x, jnp.float64)
+        c = jnp.asarray(rng.normal(size=want.shape))
+        ours = jax.grad(lambda p, x: jnp.sum(apply_fn(p, x) * c), argnums=(0, 1))(params, x64)
+        theirs = jax.grad(lambda p, x: jnp.sum(xla(p, x) * c), argnums=(0, 1))(params, x64)
+        for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def _double(model):
+    """The model with its FLOAT tensors as DOUBLE (gradients compared in float64)."""
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    for t in new.graph.initializer:
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
+    for v in (*new.graph.input, *new.graph.output):
+        v.type.tensor_type.elem_type = TensorProto.DOUBLE
+    return new

@@ -81,8 +81,11 @@ def _softmax(ctx, fn):
     return softmax_2d
 
 
-# Output elements from which a depthwise convolution is computed by _depthwise on CPU.
-_SHIFTED_MIN = 2**16
+# Output elements from which a depthwise convolution is computed by _depthwise on CPU: all of them. (2**16 until
+# issue 45: one thread, XLA's grouped convolution took 8.6 ms for (2, 4, 4, 672) and a 5x5 kernel, the shifted
+# slices 0.23 ms; efficientnet_b0 at 2 x 3 x 64 x 64 ran in 49 ms instead of 3.4 ms, its first call 2.6 s
+# instead of 4.3 s; benchmarks/RESULTS.md "Small inputs".)
+_SHIFTED_MIN = 0
 
 
 def _depthwise(x, w, strides, dilations, channels_last=False):
@@ -90,9 +93,10 @@ def _depthwise(x, w, strides, dilations, channels_last=False):
     ``channels_last``, ``w`` (C * m, 1, k1, ...)) as a sum of the kernel's shifted, strided slices of ``x``
     times one weight per channel: XLA fuses it into one loop.
     XLA:CPU's grouped convolution with one channel per group took 56 ms for (8, 64, 56, 56) and a 3x3 kernel,
-    this 0.3 ms (the gradient 173 ms and 44 ms); but it compiles about 1 s slower per layer with its gradient,
-    so small outputs (below ``_SHIFTED_MIN`` elements, where both run in well under a millisecond) keep XLA's
-    convolution (benchmarks/RESULTS.md)."""
+    this 0.3 ms (the gradient 173 ms and 44 ms), and it is 10-40x faster on small outputs too (one thread:
+    (2, 4, 4, 672), 5x5: 8.6 ms against 0.23 ms); it compiles slower (efficientnet_b0's first inference at
+    2 x 3 x 64 x 64: 4.3 s against 2.6 s), which a model run more than a few dozen times wins back
+    (benchmarks/RESULTS.md, "Small inputs")."""
     total = None
     for offset, tap in _taps(x, jnp.shape(w), strides, dilations, channels_last):
         term = tap * jnp.reshape(w[(slice(None), 0, *offset)], per_channel(jnp.ndim(x), channels_last))
@@ -186,8 +190,26 @@ def build_conv(ctx):
                      and shape[0] * jnp.shape(w)[0] * math.prod(win.out for win in windows) >= _SHIFTED_MIN)
         features = (0, n + 1, *range(1, n + 1)) if ctx.channels_last else tuple(range(n + 2))
         numbers = lax.ConvDimensionNumbers(features, tuple(range(n + 2)), features)
+        # A small output of many input channels (ResNet's last stage on a 32-64 px image: 2 x 2 x 512), on CPU
+        # (channels-last):
+        # the windows gathered as shifted slices and one matrix product. XLA:CPU's convolution against that, one
+        # thread, 3x3 kernels, NHWC (benchmarks/RESULTS.md "Small inputs"): 1.5-54x slower at 1 or 4 output
+        # points per image, 1-3x at 16 with 128+ input channels, 1-1.7x at 49-64 with 256+ and a batch of 1-2;
+        # faster at larger outputs, where it stays.
+        points, depth = math.prod(win.out for win in windows), shape[1] * math.prod(kernel)
+        patches = group == 1 and ctx.channels_last and on_cpu() and (points <= 4 or (points <= 16 and depth >= 1152) or (
+            points <= 64 and depth >= 2304 and shape[0] * points <= 128))
 
         def convolve(core, pads, _):
+            if patches:  # the windows as shifted slices (not lax.conv_general_dilated_patches: a grouped
+                # convolution, as slow here), in the channels-last plan
+                padded = jnp.pad(core, spatial(n + 2, ctx.channels_last, pads, (0, 0)))
+                taps = [tap for _, tap in _taps(padded, (logical_shape(jnp.shape(core), ctx.channels_last)[1], 1,
+                                                        *kernel), strides, dilations, ctx.channels_last)]
+                gathered = jnp.stack(taps, axis=n + 2)  # (N, D..., C, taps): C-major, as W's (C, k...) flattens
+                flat = jnp.reshape(gathered, (*jnp.shape(gathered)[:n + 1], -1))
+                return lax.dot_general(flat, jnp.reshape(w, (jnp.shape(w)[0], -1)).astype(flat.dtype),
+                                       (((n + 1,), (1,)), ((), ())))  # (N, D..., M)
             if depthwise:
                 shifted = _depthwise_reverse if reverse_mode_only_active() else _depthwise
                 return shifted(jnp.pad(core, spatial(n + 2, ctx.channels_last, pads, (0, 0))), w, tuple(strides),
