@@ -291,8 +291,8 @@ def small_inference(threads: int, repeats: int) -> list[dict]:
             np.testing.assert_allclose(rep.run([feed])[0], session.run(None, {"input": feed})[0], rtol=1e-3,
                                        atol=1e-4)
             rows.append({"model": name, "batch": batch, "pixels": pixels, "threads": threads,
-                         "ort_s": _median_time(lambda: session.run(None, {"input": feed}), repeats),
-                         "optkit_s": _median_time(lambda: rep.run([feed]), repeats)})
+                         "ort_s": _median_time(lambda s=session, f=feed: s.run(None, {"input": f}), repeats),
+                         "optkit_s": _median_time(lambda r=rep, f=feed: r.run([f]), repeats)})
     return rows
 
 

@@ -197,8 +197,9 @@ def build_conv(ctx):
         # points per image, 1-3x at 16 with 128+ input channels, 1-1.7x at 49-64 with 256+ and a batch of 1-2;
         # faster at larger outputs, where it stays.
         points, depth = math.prod(win.out for win in windows), shape[1] * math.prod(kernel)
-        patches = group == 1 and ctx.channels_last and on_cpu() and (points <= 4 or (points <= 16 and depth >= 1152) or (
-            points <= 64 and depth >= 2304 and shape[0] * points <= 128))
+        small = points <= 4 or (points <= 16 and depth >= 1152) or (
+            points <= 64 and depth >= 2304 and shape[0] * points <= 128)
+        patches = group == 1 and ctx.channels_last and on_cpu() and small
 
         def convolve(core, pads, _):
             if patches:  # the windows as shifted slices (not lax.conv_general_dilated_patches: a grouped
