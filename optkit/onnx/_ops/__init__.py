@@ -25,6 +25,8 @@ Where an operator goes: its family module, by what it does:
   ReverseSequence, EyeLike, DepthToSpace, SpaceToDepth, CenterCropPad;
 - :mod:`~optkit.onnx._ops.resize`: ``Resize``, ``Upsample``;
 - :mod:`~optkit.onnx._ops.sampling`: ``GridSample``, ``AffineGrid``, ``Col2Im``, ``RoiAlign``;
+- :mod:`~optkit.onnx._ops.state`: ``TensorScatter``, ``CausalConvWithState``, ``LinearAttention``
+  (operators that carry a cache or a recurrent state);
 - :mod:`~optkit.onnx._ops.randomness`: ``RandomUniform``, ``RandomNormal``, their ``*Like`` forms,
   ``Bernoulli``, ``Multinomial`` (seeded with ``jax.random``);
 - :mod:`~optkit.onnx._ops.quantize`: ``QuantizeLinear``, ``DequantizeLinear``,
@@ -63,6 +65,7 @@ from optkit.onnx._ops import (
     resize,
     sampling,
     shape,
+    state,
     training,
 )
 from optkit.onnx._ops._registry import OpTable
@@ -72,7 +75,7 @@ __all__ = ["TABLE", "supported_ops"]
 TABLE = OpTable(elementwise.OPS, nn.OPS, pool.OPS, normalization.OPS, recurrent.OPS, shape.OPS, reduce.OPS, loss.OPS,
                 training.OPS, control.OPS, attention.OPS, quantize.OPS,
                 resize.OPS, sampling.OPS, randomness.OPS, indexing.OPS, algebra.OPS, contrib.OPS,
-                contrib.DEFAULT_DOMAIN_OPS, adapters.OPS)
+                contrib.DEFAULT_DOMAIN_OPS, adapters.OPS, state.OPS)
 
 
 def supported_ops() -> list[tuple[str, str, int]]:

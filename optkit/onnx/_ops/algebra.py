@@ -94,6 +94,43 @@ def _window(ctx, coefficients):
     return window
 
 
+@OPS.op("MelWeightMatrix", 17, static_inputs=(0, 1, 2, 3, 4))
+def _mel_weight_matrix(ctx):
+    """A (dft_length // 2 + 1, num_mel_bins) matrix of triangles of peak 1 on the mel scale
+    ``mel(f) = 2595 log10(1 + f / 700)``: ``num_mel_bins + 2`` points from the lower to the upper edge's mel
+    (in steps of the range over ``num_mel_bins + 2``, as ONNX's reference steps), each mapped back to hertz and to
+    the spectrogram bin ``floor((dft_length + 1) f / sample_rate)``; triangle i rises from point i to point i + 1
+    and falls to point i + 2. Computed once, in float64 NumPy, then cast to ``output_datatype``."""
+    dtype = onnx_dtype(ctx.attrs.get("output_datatype", 1), ctx.message("output_datatype"))
+
+    def mel_weight_matrix(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, upper_edge_hertz):
+        bins, length, rate = (int(np.reshape(v, -1)[0]) for v in (num_mel_bins, dft_length, sample_rate))
+        low, high = (float(np.reshape(v, -1)[0]) for v in (lower_edge_hertz, upper_edge_hertz))
+        if bins < 1 or length < 1 or rate < 1 or not 0 <= low < high:
+            raise ctx.error(f"num_mel_bins, dft_length and sample_rate must be >= 1 and 0 <= lower_edge_hertz < "
+                            f"upper_edge_hertz; got {bins}, {length}, {rate}, {low}, {high}")
+        spectrum = length // 2 + 1
+        ctx.check_size((spectrum, bins), dtype, "the matrix")
+        mel_low, mel_high = (2595 * np.log10(1 + f / 700) for f in (low, high))
+        mels = mel_low + np.arange(bins + 2) * (mel_high - mel_low) / (bins + 2)
+        hertz = 700 * (10 ** (mels / 2595) - 1)
+        points = np.floor((length + 1) * hertz / rate).astype(np.int64)
+        out = np.zeros((spectrum, bins))
+        for i in range(bins):
+            left, center, right = points[i], points[i + 1], points[i + 2]
+            if center == left:
+                out[center, i] = 1
+            else:
+                j = np.arange(left, center + 1)
+                out[j, i] = (j - left) / (center - left)
+            if right > center:
+                j = np.arange(center, right)
+                out[j, i] = (right - j) / (right - center)
+        return out.astype(dtype)
+
+    return mel_weight_matrix
+
+
 def _complex(ctx, x):
     """A real-valued ONNX signal (..., 1) or (..., 2) as a complex array without its last axis."""
     if jnp.ndim(x) < 2 or jnp.shape(x)[-1] not in (1, 2):

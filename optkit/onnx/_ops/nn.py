@@ -97,11 +97,14 @@ def _depthwise(x, w, strides, dilations, channels_last=False):
     (2, 4, 4, 672), 5x5: 8.6 ms against 0.23 ms); it compiles slower (efficientnet_b0's first inference at
     2 x 3 x 64 x 64: 4.3 s against 2.6 s), which a model run more than a few dozen times wins back
     (benchmarks/RESULTS.md, "Small inputs")."""
-    total = None
+    dtype = jnp.result_type(x, w)
+    work = jnp.float32 if jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4 else dtype
+    total = None  # 16-bit floats summed in float32 and rounded once, as a convolution's accumulator does
     for offset, tap in _taps(x, jnp.shape(w), strides, dilations, channels_last):
-        term = tap * jnp.reshape(w[(slice(None), 0, *offset)], per_channel(jnp.ndim(x), channels_last))
+        weight = jnp.reshape(w[(slice(None), 0, *offset)], per_channel(jnp.ndim(x), channels_last))
+        term = tap.astype(work) * weight.astype(work)
         total = term if total is None else total + term
-    return total
+    return total.astype(dtype)
 
 
 def _taps(x, w_shape, strides, dilations, channels_last):
@@ -209,8 +212,11 @@ def build_conv(ctx):
                                                         *kernel), strides, dilations, ctx.channels_last)]
                 gathered = jnp.stack(taps, axis=n + 2)  # (N, D..., C, taps): C-major, as W's (C, k...) flattens
                 flat = jnp.reshape(gathered, (*jnp.shape(gathered)[:n + 1], -1))
-                return lax.dot_general(flat, jnp.reshape(w, (jnp.shape(w)[0], -1)).astype(flat.dtype),
-                                       (((n + 1,), (1,)), ((), ())))  # (N, D..., M)
+                dtype = jnp.result_type(core, w)
+                wide = jnp.float32 if jnp.dtype(dtype).itemsize < 4 else None  # 16-bit: a float32 accumulator
+                return lax.dot_general(flat.astype(dtype), jnp.reshape(w, (jnp.shape(w)[0], -1)).astype(dtype),
+                                       (((n + 1,), (1,)), ((), ())),
+                                       preferred_element_type=wide).astype(dtype)  # (N, D..., M)
             if depthwise:
                 shifted = _depthwise_reverse if reverse_mode_only_active() else _depthwise
                 return shifted(jnp.pad(core, spatial(n + 2, ctx.channels_last, pads, (0, 0))), w, tuple(strides),

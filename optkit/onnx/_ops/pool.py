@@ -176,3 +176,34 @@ def _global_pool(ctx, reduce):
         return reduce(x, axis=tuple(axes), keepdims=True)
 
     return global_pool
+
+
+@OPS.op("MaxUnpool", 9, 11, 22, static_inputs=(2,))
+def _max_unpool(ctx):
+    """``X``'s values written at ``I``'s flat indices into zeros of the shape the pool inverts,
+    ``(in - 1) * stride - pads + kernel`` per axis, which then sits at the start of ``output_shape`` (when given,
+    the rest zeros), as ONNX's operator page and reference define it."""
+    kernel = list(ctx.attrs.get("kernel_shape") or [])
+    if not kernel:
+        raise ctx.error("the required attribute 'kernel_shape' is missing")
+    n = len(kernel)
+    strides = list(ctx.attrs.get("strides") or [1] * n)
+    pads = list(ctx.attrs.get("pads") or [0] * (2 * n))
+
+    def max_unpool(x, indices, output_shape=None):
+        if jnp.ndim(x) != n + 2 or jnp.shape(indices) != jnp.shape(x):
+            raise ctx.error(f"X must be (N, C) and {n} spatial axes, and I of its shape; got {jnp.shape(x)} and "
+                            f"{jnp.shape(indices)}")
+        inferred = (*jnp.shape(x)[:2], *((size - 1) * s - (pads[i] + pads[n + i]) + k for i, (size, s, k) in
+                                         enumerate(zip(jnp.shape(x)[2:], strides, kernel))))
+        shape = inferred if output_shape is None else tuple(int(d) for d in np.reshape(output_shape, -1))
+        if len(shape) != n + 2 or any(a < b for a, b in zip(shape, inferred)):
+            raise ctx.error(f"output_shape {list(shape)} must have rank {n + 2} and hold the unpooled shape "
+                            f"{list(inferred)}")
+        ctx.check_size(shape, jnp.result_type(x), "the output")
+        flat = jnp.zeros((math.prod(inferred),), jnp.result_type(x))
+        flat = flat.at[jnp.reshape(jnp.asarray(indices), -1)].set(jnp.reshape(x, -1), mode="drop")
+        y = jnp.reshape(flat, inferred)
+        return jnp.pad(y, [(0, a - b) for a, b in zip(shape, inferred)])
+
+    return max_unpool
