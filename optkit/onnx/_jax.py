@@ -110,6 +110,16 @@ class OnnxFunction:
         self._summary: str | None = None
         self.lora: LoRA | None = None  # set by to_jax(..., lora=...)
         self.adapters: tuple[str, ...] = ()
+        self._frozen: dict[str, jax.Array] = {}  # set by to_jax(..., lora=...): the frozen base on the device
+
+    def _hold_frozen(self, min_bytes: int = 2**20) -> None:
+        """Feed the frozen initializers of ``min_bytes`` or more (not trained, not read where a value must be known
+        before running) as device arrays made once, instead of NumPy constants of the traced program: with LoRA,
+        the base weights. Under a caller's ``jax.jit`` they are then ``jax.Array`` constants, which JAX passes
+        as arguments with ``jax_use_simplified_jaxpr_constants`` on, without a copy per call."""
+        skip = set(self._specs) | set(self._loaded.static_initializers)
+        self._frozen = {name: jnp.asarray(value) for name, value in self._graph.initializers.items()
+                        if name not in skip and np.asarray(value).nbytes >= min_bytes}
 
     def __call__(self, params: Mapping[str, Any], *inputs: Any, rng: Any = None) -> Any:
         """Run the model: ``params``, the inputs (positionally or one mapping by name) and, for training-mode
@@ -119,12 +129,13 @@ class OnnxFunction:
         params = self._checked_params(params)
         feeds = self._feeds.checked(feeds)
         static, dynamic = self._feeds.split(feeds)
-        values = (*params.values(), *(feeds[name] for name in dynamic))
+        values = (*params.values(), *self._frozen.values(), *(feeds[name] for name in dynamic))
         if rng is not None:
             values = (as_key(rng), *values)
         # With checks, inside a caller's trace the checks are staged for the caller's checkify.checkify.
         inside = self._checks and any(isinstance(v, jax.core.Tracer) for v in values)
-        run = graph_function(self._functions, self._graph, self.outputs, static, (*params, *dynamic),
+        run = graph_function(self._functions, self._graph, self.outputs, static,
+                             (*params, *self._frozen, *dynamic),
                              reverse_only=self._reverse_only, checks=self._checks, jit=not inside,
                              rng=rng is not None)
         result = run(*values)
@@ -312,4 +323,6 @@ def to_jax(
     params = {name: jnp.asarray(values[name], run_dtype(specs[name][1])) for name in names}
     apply_fn = OnnxFunction(loaded, specs, tuple(chosen), single, reverse_mode_only, checks)
     apply_fn.lora, apply_fn.adapters = lora, loaded.adapters
+    if lora is not None:
+        apply_fn._hold_frozen()
     return apply_fn, params
