@@ -261,6 +261,16 @@ CASES = [
                      ("Greater", ["total", "one"], "c_out")],
                     [("c_out", [], np.bool_), ("v_out", [3])],
                     {"half": np.array(0.5), "one": np.array(1.0)}), "_output_shapes": [[3]]}, 1, 17),
+    ("TensorScatter", "TensorScatter", {"past": _x(2, 5, 3), "update": _x(2, 2, 3)},
+     {"write_indices": np.array([1, 4], np.int64)}, {"mode": "circular", "axis": 1}, 1, 24),
+    ("CausalConvWithState", "CausalConvWithState", {"x": _x(2, 3, 5), "w": _x(3, 1, 3), "b": _x(3),
+                                                    "past": _x(2, 3, 2)}, {}, {"activation": "silu"}, 2, 27),
+    ("LinearAttention", "LinearAttention", {"q": _x(1, 3, 4), "k": _x(1, 3, 2) * 0.5, "v": _x(1, 3, 4),
+                                            "past": _x(1, 1, 2, 4), "g": _x(1, 3, 1) * 0.3,
+                                            "beta": _pos(1, 3, 1) * 0.5}, {},
+     {"q_num_heads": 2, "kv_num_heads": 1, "update_rule": "gated_delta"}, 2, 27),
+    ("MaxUnpool", "MaxUnpool", {"x": _x(1, 1, 2, 2)}, {"i": np.array([[[[0, 3], [9, 14]]]], np.int64)},
+     {"kernel_shape": [2, 2], "strides": [2, 2]}, 1, 22),
     ("Scan", "Scan", {"state": _x(3), "xs": _x(3, 4)}, {},
      {"body": _body([("s", np.float64, [3]), ("x", np.float64, [3])],
                     [("Mul", ["s", "x"], "p"), ("Sin", ["x"], "q"), ("Add", ["p", "q"], "s_out"),
@@ -349,7 +359,7 @@ def test_every_differentiable_operator_is_checked():
         # integer outputs; a QDQ pair's straight-through gradient is tests/onnx/test_quantized.py's
         "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "QLinearMatMul",
         "ConvInteger", "QLinearConv", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "EyeLike", "NonZero",
-        "HannWindow", "HammingWindow", "BlackmanWindow",
+        "HannWindow", "HammingWindow", "BlackmanWindow", "MelWeightMatrix",
         "Hardmax",  # piecewise constant: 0 almost everywhere
         "Compress", "Unique", "NonMaxSuppression",  # output sizes that depend on values: op by op, never traced
         "BitCast",  # the bits reinterpreted: no derivative

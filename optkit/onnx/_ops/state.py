@@ -94,7 +94,8 @@ def _heads(x, heads):
 
 @OPS.op("LinearAttention", 27)
 def _linear_attention(ctx):
-    """The recurrence of ``update_rule`` over the tokens, state ``S`` (B, H_kv, d_k, d_v) in float32:
+    """The recurrence of ``update_rule`` over the tokens, state ``S`` (B, H_kv, d_k, d_v) in float32 (float64 for
+    DOUBLE inputs):
     ``linear``: S += k v^T; ``gated``: S = exp(g) S + k v^T; ``delta``: S += k (beta (v - S^T k))^T;
     ``gated_delta``: S = exp(g) S, then as ``delta``. ``o_t = scale q_t^T S_t`` with each KV head's state read by
     ``q_num_heads / kv_num_heads`` query heads; ``scale`` 0 means ``1 / sqrt(d_k)``. ``chunk_size`` is a hint
@@ -116,25 +117,26 @@ def _linear_attention(ctx):
             raise ctx.error("query, key and value must be (batch, tokens, heads * dim)")
         b, t, _ = jnp.shape(query)
         d_k, d_v = jnp.shape(query)[2] // q_heads, jnp.shape(value)[2] // kv_heads
-        q, k, v = (_heads(x, h).astype(jnp.float32) for x, h in ((query, q_heads), (key, kv_heads), (value, kv_heads)))
+        work = jnp.float64 if jnp.result_type(query) == jnp.float64 else jnp.float32  # float32 below that
+        q, k, v = (_heads(x, h).astype(work) for x, h in ((query, q_heads), (key, kv_heads), (value, kv_heads)))
         steps = {"q": jnp.moveaxis(q, 2, 0), "k": jnp.moveaxis(k, 2, 0), "v": jnp.moveaxis(v, 2, 0)}
         if gated:
             last = jnp.shape(decay)[2]
             if last not in (kv_heads, kv_heads * d_k):
                 raise ctx.error(f"decay's last axis must be kv_num_heads ({kv_heads}) or kv_num_heads * d_k "
                                 f"({kv_heads * d_k}), got {last}")
-            steps["g"] = jnp.moveaxis(_heads(decay, kv_heads).astype(jnp.float32), 2, 0)  # (T, B, H, 1 or d_k)
+            steps["g"] = jnp.moveaxis(_heads(decay, kv_heads).astype(work), 2, 0)  # (T, B, H, 1 or d_k)
         if delta:
             last = jnp.shape(beta)[2]
             if last not in (kv_heads, 1):
                 raise ctx.error(f"beta's last axis must be kv_num_heads ({kv_heads}) or 1, got {last}")
-            steps["beta"] = jnp.moveaxis(_heads(beta, last).astype(jnp.float32), 2, 0)  # (T, B, H or 1, 1)
+            steps["beta"] = jnp.moveaxis(_heads(beta, last).astype(work), 2, 0)  # (T, B, H or 1, 1)
         if past_state is None:
-            state, state_dtype = jnp.zeros((b, kv_heads, d_k, d_v), jnp.float32), jnp.result_type(query)
+            state, state_dtype = jnp.zeros((b, kv_heads, d_k, d_v), work), jnp.result_type(query)
         else:
             if jnp.shape(past_state) != (b, kv_heads, d_k, d_v):
                 raise ctx.error(f"past_state must be {(b, kv_heads, d_k, d_v)}, got {jnp.shape(past_state)}")
-            state, state_dtype = jnp.asarray(past_state).astype(jnp.float32), jnp.result_type(past_state)
+            state, state_dtype = jnp.asarray(past_state).astype(work), jnp.result_type(past_state)
         scale = float(ctx.attrs.get("scale", 0.0)) or 1.0 / np.sqrt(d_k)
 
         def step(s, x):
