@@ -549,5 +549,6 @@ def test_a_sub_graph_is_converted_by_the_same_pipeline_and_reads_enclosing_names
 
 def test_operators_inside_sub_graphs_are_checked_with_the_model(apply_body_op):
     model = _body_model(apply_body_op, [helper.make_node("StringNormalizer", ["xb"], ["yb"])])
-    with pytest.raises(optkit.onnx.UnsupportedOpError, match=r"ai.onnx::StringNormalizer \(opset 17\), 1 node 'StringNormalizer#0'"):
+    with pytest.raises(optkit.onnx.UnsupportedOpError,
+                       match=r"ai.onnx::StringNormalizer \(opset 17\), 1 node 'StringNormalizer#0'"):
         optkit.onnx.prepare(model)
