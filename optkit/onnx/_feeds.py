@@ -35,7 +35,8 @@ from optkit._src.graph.names import shape_text
 
 _log = logging.getLogger("optkit.onnx")
 
-__all__ = ["Feeds", "graph_function", "index_checks", "index_checks_active", "random_key", "random_key_active",
+__all__ = ["Feeds", "as_key", "graph_function", "index_checks", "index_checks_active", "random_key",
+           "random_key_active", "tracing",
            "reverse_mode_only",
            "reverse_mode_only_active", "run_dtype"]
 
@@ -43,8 +44,8 @@ __all__ = ["Feeds", "graph_function", "index_checks", "index_checks_active", "ra
 # ------------------------------------------------------------------ trace-time options
 
 @contextlib.contextmanager
-def _set(option: contextvars.ContextVar, enabled: bool):
-    token = option.set(bool(enabled))
+def _set(option: contextvars.ContextVar, value: Any):
+    token = option.set(value)
     try:
         yield
     finally:
@@ -65,19 +66,24 @@ _INDEX_CHECKS = contextvars.ContextVar("optkit_onnx_index_checks", default=False
 _RANDOM_KEY = contextvars.ContextVar("optkit_onnx_random_key", default=None)
 
 
-@contextlib.contextmanager
-def random_key(key: Any):
+def random_key(key: Any) -> contextlib.AbstractContextManager[None]:
     """Within this block, the graph's random operators draw from ``key`` (None: from their seeds)."""
-    token = _RANDOM_KEY.set(key)
-    try:
-        yield
-    finally:
-        _RANDOM_KEY.reset(token)
+    return _set(_RANDOM_KEY, key)
 
 
 def random_key_active() -> Any:
     """The key the graph being traced draws from, or None."""
     return _RANDOM_KEY.get()
+
+
+@contextlib.contextmanager
+def tracing(*, reverse_only: bool = False, checks: bool = False, key: Any = None):
+    """The trace-time options of one graph trace (:func:`reverse_mode_only`, :func:`index_checks`,
+    :func:`random_key`), and ONNX's 64-bit types run narrower with 64-bit mode off left unwarned per node (the
+    documented policy, not a surprise at every node)."""
+    with reverse_mode_only(reverse_only), index_checks(checks), random_key(key), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", _TRUNCATED, UserWarning)
+        yield
 
 
 def as_key(rng: Any, what: str = "rng") -> jax.Array:
@@ -95,7 +101,7 @@ def as_key(rng: Any, what: str = "rng") -> jax.Array:
 
 def reverse_mode_only(enabled: bool) -> contextlib.AbstractContextManager[None]:
     """Within this block, graphs are traced for reverse-mode differentiation only (or not, if not ``enabled``)."""
-    return _set(_REVERSE_MODE_ONLY, enabled)
+    return _set(_REVERSE_MODE_ONLY, bool(enabled))
 
 
 def reverse_mode_only_active() -> bool:
@@ -105,7 +111,7 @@ def reverse_mode_only_active() -> bool:
 
 def index_checks(enabled: bool) -> contextlib.AbstractContextManager[None]:
     """Within this block, graphs are traced with ``checkify`` checks of their gather and scatter indices."""
-    return _set(_INDEX_CHECKS, enabled)
+    return _set(_INDEX_CHECKS, bool(enabled))
 
 
 def index_checks_active() -> bool:
@@ -287,11 +293,7 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
             feeds = dict(zip(dynamic, values))
             feeds.update(static)
             start = time.perf_counter()
-            with reverse_mode_only(reverse_only), index_checks(checks), random_key(drawn), \
-                    warnings.catch_warnings():
-                # With 64-bit mode off, an operator's INT64 or DOUBLE result runs as int32 or float32: the
-                # documented policy, not a surprise to warn about at every node.
-                warnings.filterwarnings("ignore", _TRUNCATED, UserWarning)
+            with tracing(reverse_only=reverse_only, checks=checks, key=drawn):
                 result = graph.evaluate(feeds, outputs, check_feeds=False)
             if jit:
                 _log.info("traced the graph (%d nodes) in %.2f s", len(graph.nodes), time.perf_counter() - start)

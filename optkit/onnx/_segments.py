@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,7 +30,7 @@ from jax.experimental import checkify
 
 from optkit import Graph
 from optkit.onnx._errors import ValueDependentError
-from optkit.onnx._feeds import _TRUNCATED, index_checks
+from optkit.onnx._feeds import tracing
 
 _log = logging.getLogger("optkit.onnx")
 
@@ -68,8 +67,7 @@ class _Segment:
         def run(*args):
             env = dict(static)
             env.update(zip(dynamic, args))
-            with index_checks(self._checks), warnings.catch_warnings():
-                warnings.filterwarnings("ignore", _TRUNCATED, UserWarning)
+            with tracing(checks=self._checks):
                 for i, node in enumerate(self.nodes):
                     try:
                         self._runner.run((node,), env)

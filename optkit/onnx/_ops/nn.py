@@ -208,8 +208,7 @@ def build_conv(ctx):
             if patches:  # the windows as shifted slices (not lax.conv_general_dilated_patches: a grouped
                 # convolution, as slow here), in the channels-last plan
                 padded = jnp.pad(core, spatial(n + 2, ctx.channels_last, pads, (0, 0)))
-                taps = [tap for _, tap in _taps(padded, (logical_shape(jnp.shape(core), ctx.channels_last)[1], 1,
-                                                        *kernel), strides, dilations, ctx.channels_last)]
+                taps = [tap for _, tap in _taps(padded, (shape[1], 1, *kernel), strides, dilations, True)]
                 gathered = jnp.stack(taps, axis=n + 2)  # (N, D..., C, taps): C-major, as W's (C, k...) flattens
                 flat = jnp.reshape(gathered, (*jnp.shape(gathered)[:n + 1], -1))
                 dtype = jnp.result_type(core, w)
