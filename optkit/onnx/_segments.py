@@ -67,7 +67,7 @@ class _Segment:
         def run(*args):
             env = dict(static)
             env.update(zip(dynamic, args))
-            with tracing(checks=self._checks):
+            with tracing(reverse_only=True, checks=self._checks):  # concrete values: no forward mode
                 for i, node in enumerate(self.nodes):
                     try:
                         self._runner.run((node,), env)

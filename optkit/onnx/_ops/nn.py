@@ -141,14 +141,36 @@ def _depthwise_reverse_fwd(x, w, strides, dilations, channels_last):
 
 def _depthwise_reverse_bwd(strides, dilations, channels_last, residuals, g):
     x, w = residuals
-    _, input_vjp = jax.vjp(lambda x: _depthwise(x, w, strides, dilations, channels_last), x)
-    (dx,) = input_vjp(g)
+    dx = _depthwise_input_gradient(g, w, jnp.shape(x), strides, dilations, channels_last)
     products = tuple(tap * g for _, tap in _taps(x, jnp.shape(w), strides, dilations, channels_last))
     zero = jnp.zeros((), products[0].dtype)
     channel_axis = jnp.ndim(g) - 1 if channels_last else 1
     sums = lax.reduce(products, (zero,) * len(products), lambda a, b: tuple(p + q for p, q in zip(a, b)),
                       tuple(axis for axis in range(jnp.ndim(g)) if axis != channel_axis))
     return dx, jnp.reshape(jnp.stack(sums, axis=-1), jnp.shape(w)).astype(jnp.result_type(w))
+
+
+def _depthwise_input_gradient(g, w, x_shape, strides, dilations, channels_last):
+    """The gradient of :func:`_depthwise` with respect to its (padded) input: itself a depthwise convolution, of
+    ``g`` spread out by the strides and padded by the kernel's span, with the kernel flipped, summed over the
+    depth multiplier's copies: one fused loop, where JAX's transposes of the taps' strided slices are one kernel
+    each (mobilenet_v3_small at 2 x 3 x 32 x 32, ``to_jax(..., reverse_mode_only=True)``: the first jitted
+    ``value_and_grad`` 11.7 s -> 6.6 s, then 2.9 -> 2.1 ms a step; at 224 x 224 the same, 14 ms)."""
+    n = len(strides)
+    sizes = logical_shape(x_shape, channels_last)[2:]
+    outs = logical_shape(jnp.shape(g), channels_last)[2:]
+    config = [((k - 1) * d, size - (out - 1) * s - 1, s - 1)
+              for k, d, s, size, out in zip(jnp.shape(w)[2:], dilations, strides, sizes, outs)]
+    spread = lax.pad(g, jnp.zeros((), g.dtype), spatial(n + 2, channels_last, config, (0, 0, 0)))
+    flipped = jnp.flip(w, axis=tuple(range(2, n + 2)))
+    dx = _depthwise(spread, flipped, (1,) * n, dilations, channels_last)
+    channels = x_shape[n + 1 if channels_last else 1]
+    multiplier = jnp.shape(w)[0] // channels
+    if multiplier > 1:
+        axis = n + 1 if channels_last else 1
+        shape = jnp.shape(dx)
+        dx = jnp.sum(jnp.reshape(dx, (*shape[:axis], channels, multiplier, *shape[axis + 1:])), axis=axis + 1)
+    return dx.astype(jnp.result_type(g))
 
 
 _depthwise_reverse.defvjp(_depthwise_reverse_fwd, _depthwise_reverse_bwd)
