@@ -84,14 +84,14 @@ def test_same_inputs_same_bits_eager_and_jitted(name):
     assert jitted[0] == jitted[1]
 
 
-def test_same_bits_after_recompiling():
+def test_same_bits_after_recompiling(fresh_compiles):
     before = {name: digest(run(_tx(name), jax.jit)) for name in OPTIMIZERS}
     jax.clear_caches()
     after = {name: digest(run(_tx(name), jax.jit)) for name in OPTIMIZERS}
     assert before == after
 
 
-def test_same_bits_in_a_fresh_process():
+def test_same_bits_in_a_fresh_process(fresh_compiles):
     """Another Python process (fresh JAX caches, fresh compilation) gives the same bits."""
     script = SETUP + textwrap.dedent(f"""
         import sys
@@ -100,6 +100,7 @@ def test_same_bits_in_a_fresh_process():
     """)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # its own compiles, not the run's cached ones
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root, env=env,
                             timeout=300, check=True)
     theirs = dict(line.split() for line in result.stdout.splitlines())
