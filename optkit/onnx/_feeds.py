@@ -280,7 +280,9 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
     function raises the first failed check after running; op by op, ``jit=False``, the checks are left to a
     caller's ``checkify.checkify``); made once per ``dynamic`` names, ``donate``, ``options``,
     ``reverse_only``, ``checks``, the caller's 64-bit setting and ``static`` values, kept in ``cache``. With
-    ``rng``, ``f(key, *values)``: the random operators draw from the typed ``key`` (:func:`random_key`)."""
+    ``rng``, ``f(key, *values)``: the random operators draw from the typed ``key`` (:func:`random_key`).
+    Each call that compiles (the first, new input shapes or dtypes, new static values) is logged at INFO on the
+    ``optkit.onnx`` logger with its cause and its time."""
     key = (dynamic, donate, tuple(sorted((options or {}).items())), reverse_only, checks, rng,
            bool(jax.config.jax_enable_x64),
            tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
@@ -313,18 +315,56 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
         else:
             jitted = jax.jit(run, donate_argnums=donate, compiler_options=options)
 
-        def first(*values):
-            # The first call traces, compiles and runs (inside a caller's jax.jit it only traces); later calls
-            # go straight to the jitted function.
+        names = ("(rng key)", *dynamic) if rng else dynamic
+        seen: dict[tuple, None] = {}
+        static_changed, related = _related(cache, key)
+
+        def logged(*values):
+            # Each call that compiles (the first, and any with new input shapes or dtypes: jax.jit traces and
+            # compiles again) is timed and logged with its cause; inside a caller's jax.jit it only traces.
+            if any(isinstance(v, jax.core.Tracer) for v in values):
+                start = time.perf_counter()
+                out = jitted(*values)
+                _log.info("traced inside a caller's transformation in %.2f s", time.perf_counter() - start)
+                return out
+            signature = tuple((np.shape(v), str(getattr(v, "dtype", None) or np.result_type(v))) for v in values)
+            if signature in seen:
+                return jitted(*values)
+            last = next(reversed(seen), None) or next(reversed(getattr(related, "signatures", {})), None)
+            causes = [_listed("new static values of ", static_changed)] if static_changed and not seen else []
+            if last is not None:
+                causes.append(_listed("new input shapes: ", [f"{name} {_spec(*old)} -> {_spec(*new)}"
+                                                              for name, old, new in zip(names, last, signature)
+                                                              if old != new]))
+            cause = "; ".join(c for c in causes if c) or "its first input shapes"
             start = time.perf_counter()
             out = jitted(*values)
-            if any(isinstance(v, jax.core.Tracer) for v in values):
-                _log.info("traced inside a caller's transformation in %.2f s", time.perf_counter() - start)
-            else:
-                jax.block_until_ready(out)
-                _log.info("first call (trace, XLA compile, run) %.2f s", time.perf_counter() - start)
-            cache[key] = jitted
+            jax.block_until_ready(out)
+            seen[signature] = None
+            _log.info("compiled the graph (%d nodes) for %s: %.2f s (trace, XLA compile, run)", len(graph.nodes),
+                      cause, time.perf_counter() - start)
             return out
 
-        fn = cache[key] = first
+        logged.signatures = seen  # type: ignore[attr-defined]
+        logged.jitted = jitted  # type: ignore[attr-defined]
+        fn = cache[key] = logged
     return fn
+
+
+def _spec(shape: tuple, dtype: str) -> str:
+    return f"{dtype}{list(shape)}"
+
+
+def _listed(head: str, items: list[str]) -> str:
+    return head + ", ".join(items[:4]) + (f" and {len(items) - 4} more" if len(items) > 4 else "") if items else ""
+
+
+def _related(cache: dict[Any, Any], key: tuple) -> tuple[list[str], Any]:
+    """The static inputs whose values differ between ``key`` and a function already in ``cache`` that differs from
+    it only in those values (shape tensors, a sequence length fed as a value), and that function."""
+    new = {name: rest for name, *rest in key[-1]}
+    for other, fn in reversed(list(cache.items())):  # the latest first
+        if other[:-1] == key[:-1] and other[-1] != key[-1]:
+            old = {name: rest for name, *rest in other[-1]}
+            return sorted(name for name in new.keys() | old.keys() if new.get(name) != old.get(name)), fn
+    return [], None

@@ -2,6 +2,7 @@
 ModelProto that ``load_model`` returned, and the progress bar over large external data."""
 
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -34,8 +35,42 @@ def test_the_logger_reports_load_trace_and_first_call_times(caplog):
     text = [r.getMessage() for r in caplog.records if r.name == "optkit.onnx"]
     assert any(t.startswith("loaded the ModelProto: read ") and "converted 1 nodes" in t for t in text), text
     assert any(t.startswith("traced the graph (1 nodes) in ") for t in text), text
-    assert any(t.startswith("first call (trace, XLA compile, run) ") for t in text), text
+    assert any(t.startswith("compiled the graph (1 nodes) for its first input shapes: ") for t in text), text
     assert any(t.startswith("traced inside a caller's transformation in ") for t in text), text
+
+
+def _compiles(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "optkit.onnx" and "compiled the graph" in r.getMessage()]
+
+
+def test_each_compile_is_logged_with_its_cause_and_time(caplog):
+    """A new sequence length compiles again (issue 45): the log names the input whose shape changed, old and new,
+    and the time; the same shapes again compile nothing; a new value of a shape input (static) is named."""
+    caplog.set_level(logging.INFO, logger="optkit.onnx")
+    apply_fn, params = optkit.onnx.to_jax(_model(1.5))
+    for rows in (4, 4, 6, 6, 4):
+        apply_fn(params, np.ones((rows, 3), np.float32))
+    first, second = _compiles(caplog)
+    assert re.fullmatch(r"compiled the graph \(1 nodes\) for its first input shapes: \d+\.\d\d s \(trace, XLA compile, "
+                        r"run\)", first), first
+    assert re.fullmatch(r"compiled the graph \(1 nodes\) for new input shapes: x float32\[4, 3\] -> float32\[6, 3\]: "
+                        r"\d+\.\d\d s \(trace, XLA compile, run\)", second), second
+
+    caplog.clear()
+    w = numpy_helper.from_array(np.ones((3, 2), np.float32), "W")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"]),
+                               helper.make_node("Reshape", ["y", "shape"], ["z"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3]),
+                               helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["A", "B"])], [w])
+    rep = optkit.onnx.prepare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    for rows, shape in ((4, [2, 4]), (4, [4, 2]), (6, [4, 3]), (6, [4, 3])):
+        (got,) = rep.run([np.ones((rows, 3), np.float32), np.array(shape, np.int64)])
+        assert got.shape == tuple(shape)
+    messages = _compiles(caplog)
+    assert len(messages) == 3, messages
+    assert "for new static values of shape: " in messages[1], messages
+    assert "for new static values of shape; new input shapes: x float32[4, 3] -> float32[6, 3]: " in messages[2]
 
 
 def test_onnx_checker_runs_once_for_a_model_load_model_checked(monkeypatch):

@@ -732,7 +732,7 @@ def test_convolutions_compile_to_xlas_own_kernel_on_cpu_unless_a_grouped_one_is_
     got = rep.run([x, w])[0]
     (compiled,) = rep._functions.values()
     with jax.enable_x64(True):
-        text = compiled.lower(x, w).compile().as_text()
+        text = compiled.jitted.lower(x, w).compile().as_text()
     assert "__ynn_fusion" not in text and " convolution(" in text
     default = jax.jit(lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), [(1, 1), (1, 1)]))
     assert "__ynn_fusion" in default.lower(x, w).compile().as_text()  # what the option changes
