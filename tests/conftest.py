@@ -15,27 +15,26 @@ COMPILE_FLAG = "--xla_llvm_disable_expensive_passes=true"
 if "xla_llvm_disable_expensive_passes" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {COMPILE_FLAG}".strip()
 
-# One persistent XLA compilation cache for the run (JAX's own, jax_compilation_cache_dir), shared by the xdist workers
-# and the child processes they start: a program that one test compiled is read back by the next test that compiles the
-# same HLO (an exported model run by several modules, one optimizer's step on the same shapes). Measured on 2 cores:
-# tests/optimizers 164 -> 150 s, the exported-model modules (test_models, test_jax, test_cli, test_lora) 223 -> 204 s.
-# Removed when the process that made it exits; a cache the caller named is used as it is and kept.
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="optkit-tests-xla-cache-")
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
+# One persistent XLA compilation cache for the run (JAX's own, jax_compilation_cache_dir), shared by the xdist workers:
+# a program that one test compiled is read back by the next test that compiles the same HLO (an exported model run by
+# several modules, one optimizer's step on the same shapes). Measured on 2 cores: tests/optimizers 164 -> 150 s, the
+# exported-model modules (test_models, test_jax, test_cli, test_lora) 223 -> 204 s. The child processes that tests
+# start (examples, docs blocks, several processes, the 8-device child) compile without it: mostly new programs there,
+# and writing each one cost more than the few reads saved (the 8-device child 168 -> 191 s). Removed when the process
+# that made it exits.
+_CACHE = "OPTKIT_TESTS_XLA_CACHE"
+if _CACHE not in os.environ and not os.environ.get("OPTKIT_SHARDING_SUBPROCESS"):
+    os.environ[_CACHE] = tempfile.mkdtemp(prefix="optkit-tests-xla-cache-")
+    atexit.register(shutil.rmtree, os.environ[_CACHE], True)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
-
-# (JAX reads these at import; a plugin may have imported it before this file.)
-jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
-jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                  float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")))
-jax.config.update("jax_persistent_cache_min_entry_size_bytes",
-                  int(os.environ.get("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")))
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+if os.environ.get(_CACHE) and not os.environ.get("OPTKIT_SHARDING_SUBPROCESS"):
+    jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 # JAX traces and compiles on first call, so a single example can take far longer
 # than hypothesis's default deadline; examples are few but each is a real check.

