@@ -635,6 +635,22 @@ def test_a_large_depthwise_convolution_equals_xla_grouped_convolution_with_its_g
         np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=1e-10, atol=1e-10)
 
 
+def _depthwise_case(attrs, multiplier, c, size):
+    """A float64 depthwise Conv node model of ``c`` channels on (2, c, size, size), its inputs and XLA's grouped
+    convolution of the same attributes (the independent expectation)."""
+    k = attrs.get("kernel_shape", [3, 3])[0]
+    x = RNG.normal(size=(2, c, size, size))
+    w = RNG.normal(size=(c * multiplier, 1, k, k))
+    pads = attrs.get("pads", [0, 0, 0, 0])
+
+    def xla(x, w):
+        return jax.lax.conv_general_dilated(x, w, attrs.get("strides", [1, 1]),
+                                            [(pads[0], pads[2]), (pads[1], pads[3])],
+                                            rhs_dilation=attrs.get("dilations", [1, 1]), feature_group_count=c)
+
+    return x, w, _node_model("Conv", {"x": x, "w": w}, {"group": c, **attrs}), xla
+
+
 @pytest.mark.parametrize("channels_last", [True, False], ids=["channels_last", "onnx_layout"])
 @pytest.mark.parametrize("attrs, multiplier", [
     ({"pads": [1, 1, 1, 1]}, 1),
@@ -650,17 +666,7 @@ def test_the_reverse_mode_only_depthwise_gradient_equals_the_analytic_one(attrs,
 
     if not channels_last:
         monkeypatch.setattr(_layout, "active", lambda: False)
-    c, k = 16, attrs.get("kernel_shape", [3, 3])[0]
-    x = RNG.normal(size=(2, c, 96, 96))
-    w = RNG.normal(size=(c * multiplier, 1, k, k))
-    model = _node_model("Conv", {"x": x, "w": w}, {"group": c, **attrs})
-    pads = attrs.get("pads", [0, 0, 0, 0])
-
-    def xla(x, w):
-        return jax.lax.conv_general_dilated(x, w, attrs.get("strides", [1, 1]),
-                                            [(pads[0], pads[2]), (pads[1], pads[3])],
-                                            rhs_dilation=attrs.get("dilations", [1, 1]), feature_group_count=c)
-
+    x, w, model, xla = _depthwise_case(attrs, multiplier, 16, 96)
     fast, params = optkit.onnx.to_jax(model, trainable=[], reverse_mode_only=True)
     plain, _ = optkit.onnx.to_jax(model, trainable=[])
     with jax.enable_x64(True):
@@ -686,16 +692,7 @@ def test_the_reverse_mode_only_depthwise_gradient_equals_the_analytic_one(attrs,
 def test_a_small_depthwise_convolution_differentiates_as_xlas_grouped_one_in_every_mode(attrs, multiplier):
     """Below 2**16 output elements, ``to_jax``'s depthwise Conv (shifted slices) is differentiated as XLA's grouped
     convolution: gradients, forward mode, the Hessian and ``jax.vmap`` of the gradient equal XLA's in float64."""
-    c, k = 4, attrs.get("kernel_shape", [3, 3])[0]
-    x = RNG.normal(size=(2, c, 9, 9))
-    w = RNG.normal(size=(c * multiplier, 1, k, k))
-    model = _node_model("Conv", {"x": x, "w": w}, {"group": c, **attrs})
-    pads = attrs.get("pads", [0, 0, 0, 0])
-
-    def xla(x, w):
-        return jax.lax.conv_general_dilated(x, w, attrs.get("strides", [1, 1]),
-                                            [(pads[0], pads[2]), (pads[1], pads[3])], feature_group_count=c)
-
+    x, w, model, xla = _depthwise_case(attrs, multiplier, 4, 9)
     fn, params = optkit.onnx.to_jax(model, trainable=[])
     with jax.enable_x64(True):
         cot = RNG.normal(size=np.shape(xla(x, w)))
