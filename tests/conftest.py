@@ -20,7 +20,7 @@ if "xla_llvm_disable_expensive_passes" not in os.environ.get("XLA_FLAGS", ""):
 # several modules, one optimizer's step on the same shapes). Measured on 2 cores: tests/optimizers 164 -> 150 s, the
 # exported-model modules (test_models, test_jax, test_cli, test_lora) 223 -> 204 s. The child processes that tests
 # start (examples, docs blocks, several processes, the 8-device child) compile without it: mostly new programs there,
-# and writing each one cost more than the few reads saved (the 8-device child 168 -> 191 s). Removed when the process
+# and no gain was measured (the 8-device child took 168-191 s in runs with and without it). Removed when the process
 # that made it exits.
 _CACHE = "OPTKIT_TESTS_XLA_CACHE"
 if _CACHE not in os.environ and not os.environ.get("OPTKIT_SHARDING_SUBPROCESS"):
