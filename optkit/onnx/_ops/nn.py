@@ -92,6 +92,19 @@ _SHIFTED_MIN = 0
 _SHIFTED_DERIVATIVE_MIN = 2**16
 
 
+def _accumulator(dtype):
+    """float32 for a 16-bit float ``dtype`` (summed in float32 and rounded once, as a convolution's accumulator
+    does), else None (the dtype itself)."""
+    return jnp.float32 if jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4 else None
+
+
+def _conv_numbers(n, channels_last):
+    """``lax.conv_general_dilated``'s dimension numbers for ``n`` spatial axes: W is (M, C/group, k...); X and Y
+    are (N, C, D...), or (N, D..., C) when ``channels_last``."""
+    features = (0, n + 1, *range(1, n + 1)) if channels_last else tuple(range(n + 2))
+    return lax.ConvDimensionNumbers(features, tuple(range(n + 2)), features)
+
+
 def _depthwise(x, w, strides, dilations, channels_last=False):
     """A VALID depthwise convolution (``x`` (N, C, D1, ...) already padded, or (N, D1, ..., C) when
     ``channels_last``, ``w`` (C * m, 1, k1, ...)) as a sum of the kernel's shifted, strided slices of ``x``
@@ -102,7 +115,7 @@ def _depthwise(x, w, strides, dilations, channels_last=False):
     2 x 3 x 64 x 64: 4.3 s against 2.6 s), which a model run more than a few dozen times wins back
     (benchmarks/RESULTS.md, "Small inputs")."""
     dtype = jnp.result_type(x, w)
-    work = jnp.float32 if jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4 else dtype
+    work = _accumulator(dtype) or dtype
     total = None  # 16-bit floats summed in float32 and rounded once, as a convolution's accumulator does
     for offset, tap in _taps(x, jnp.shape(w), strides, dilations, channels_last):
         weight = jnp.reshape(w[(slice(None), 0, *offset)], per_channel(jnp.ndim(x), channels_last))
@@ -132,15 +145,11 @@ def _taps(x, w_shape, strides, dilations, channels_last):
 
 def _grouped(x, w, strides, dilations, channels_last):
     """:func:`_depthwise` as XLA's grouped convolution, one group per input channel."""
-    n = jnp.ndim(x) - 2
-    features = (0, n + 1, *range(1, n + 1)) if channels_last else tuple(range(n + 2))
-    numbers = lax.ConvDimensionNumbers(features, tuple(range(n + 2)), features)
     dtype = jnp.result_type(x, w)
-    wide = jnp.float32 if jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4 else None
     return lax.conv_general_dilated(x.astype(dtype), w.astype(dtype), strides, "VALID", rhs_dilation=dilations,
-                                    dimension_numbers=numbers,
+                                    dimension_numbers=_conv_numbers(jnp.ndim(x) - 2, channels_last),
                                     feature_group_count=logical_shape(jnp.shape(x), channels_last)[1],
-                                    preferred_element_type=wide).astype(dtype)
+                                    preferred_element_type=_accumulator(dtype)).astype(dtype)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
@@ -250,8 +259,7 @@ def build_conv(ctx):
         # time to matter more than the longer compile (see _depthwise).
         depthwise = (group > 1 and jnp.shape(w)[1] == 1 and on_cpu()
                      and shape[0] * jnp.shape(w)[0] * math.prod(win.out for win in windows) >= _SHIFTED_MIN)
-        features = (0, n + 1, *range(1, n + 1)) if ctx.channels_last else tuple(range(n + 2))
-        numbers = lax.ConvDimensionNumbers(features, tuple(range(n + 2)), features)
+        numbers = _conv_numbers(n, ctx.channels_last)
         # A small output of many input channels (ResNet's last stage on a 32-64 px image: 2 x 2 x 512), on CPU
         # (channels-last):
         # the windows gathered as shifted slices and one matrix product. XLA:CPU's convolution against that, one
@@ -271,7 +279,7 @@ def build_conv(ctx):
                 gathered = jnp.stack(taps, axis=n + 2)  # (N, D..., C, taps): C-major, as W's (C, k...) flattens
                 flat = jnp.reshape(gathered, (*jnp.shape(gathered)[:n + 1], -1))
                 dtype = jnp.result_type(core, w)
-                wide = jnp.float32 if jnp.dtype(dtype).itemsize < 4 else None  # 16-bit: a float32 accumulator
+                wide = _accumulator(dtype)  # 16-bit: a float32 accumulator
                 return lax.dot_general(flat.astype(dtype), jnp.reshape(w, (jnp.shape(w)[0], -1)).astype(dtype),
                                        (((n + 1,), (1,)), ((), ())),
                                        preferred_element_type=wide).astype(dtype)  # (N, D..., M)
