@@ -86,10 +86,6 @@ def _softmax(ctx, fn):
 # slices 0.23 ms; efficientnet_b0 at 2 x 3 x 64 x 64 ran in 49 ms instead of 3.4 ms, its first call 2.6 s
 # instead of 4.3 s; benchmarks/RESULTS.md "Small inputs".)
 _SHIFTED_MIN = 0
-# Output elements from which a depthwise convolution outside reverse-mode-only traces is differentiated as its
-# shifted slices (JAX's derivative); below, as XLA's grouped convolution (_depthwise_small), as before the shifted
-# slices ran at every size.
-_SHIFTED_DERIVATIVE_MIN = 2**16
 
 
 def _accumulator(dtype):
@@ -141,35 +137,6 @@ def _taps(x, w_shape, strides, dilations, channels_last):
         limit = with_spatial(jnp.shape(x), channels_last, [b + (n - 1) * s + 1 for b, n, s in zip(begin, out, strides)])
         start, step = spatial(ndim, channels_last, begin, 0), spatial(ndim, channels_last, strides, 1)
         yield offset, lax.slice(x, start, limit, step)
-
-
-def _grouped(x, w, strides, dilations, channels_last):
-    """:func:`_depthwise` as XLA's grouped convolution, one group per input channel."""
-    dtype = jnp.result_type(x, w)
-    return lax.conv_general_dilated(x.astype(dtype), w.astype(dtype), strides, "VALID", rhs_dilation=dilations,
-                                    dimension_numbers=_conv_numbers(jnp.ndim(x) - 2, channels_last),
-                                    feature_group_count=logical_shape(jnp.shape(x), channels_last)[1],
-                                    preferred_element_type=_accumulator(dtype)).astype(dtype)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
-def _depthwise_small(x, w, strides, dilations, channels_last):
-    """:func:`_depthwise`, differentiated (forward and reverse mode, any order) as XLA's grouped convolution.
-    JAX's own derivative of the shifted slices is one kernel per tap, which XLA:CPU compiles slowly at small
-    sizes (mobilenet_v3_small at 2 x 3 x 32 x 32, the first jitted ``value_and_grad``: 13.1 s against 4.9 s);
-    below :data:`_SHIFTED_DERIVATIVE_MIN` output elements the compile costs more than the faster steps win."""
-    return _depthwise(x, w, strides, dilations, channels_last)
-
-
-def _depthwise_small_jvp(strides, dilations, channels_last, primals, tangents):
-    (x, w), (dx, dw) = primals, tangents
-    y = _depthwise_small(x, w, strides, dilations, channels_last)
-    terms = [_grouped(a, b, strides, dilations, channels_last) for a, b, tangent in ((dx, w, dx), (x, dw, dw))
-             if not isinstance(tangent, jax.custom_derivatives.SymbolicZero)]  # an input not differentiated: none
-    return y, functools.reduce(jnp.add, terms) if terms else jnp.zeros_like(y)
-
-
-_depthwise_small.defjvp(_depthwise_small_jvp, symbolic_zeros=True)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
@@ -284,9 +251,7 @@ def build_conv(ctx):
                                        (((n + 1,), (1,)), ((), ())),
                                        preferred_element_type=wide).astype(dtype)  # (N, D..., M)
             if depthwise:
-                outputs = shape[0] * jnp.shape(w)[0] * math.prod(win.out for win in windows)
-                shifted = (_depthwise_reverse if reverse_mode_only_active() else
-                           _depthwise if outputs >= _SHIFTED_DERIVATIVE_MIN else _depthwise_small)
+                shifted = _depthwise_reverse if reverse_mode_only_active() else _depthwise
                 return shifted(jnp.pad(core, spatial(n + 2, ctx.channels_last, pads, (0, 0))), w, tuple(strides),
                                tuple(dilations), ctx.channels_last)
             return lax.conv_general_dilated(core, w, window_strides=strides, padding=pads, rhs_dilation=dilations,
