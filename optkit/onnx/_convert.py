@@ -108,7 +108,7 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     layout = None if scope.subgraph else _plan_layout(g, declared, scope)
     moved: set[str] = set()
     for index, node in enumerate(g.node):
-        specs[index], node_captures = _add_node(graph, node, index, inner, fused.get(index),
+        specs[index], node_captures = _add_node(graph, node, index, inner, fused.get(index, ()),
                                                 layout if layout and index in layout.nodes else None, moved)
         captured += [c for c in dict.fromkeys(node_captures) if c not in defined and c not in captured]
     for name in captured:
@@ -123,18 +123,28 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
                      static_initializers=static & set(declared.initializers))
 
 
-def _fused(nodes, operators: Operators) -> dict[int, onnx.NodeProto]:
-    """``{index of a node: the node it runs fused with}``: the pairs that the nodes' registrations declare
-    (:class:`~optkit.onnx._ops._registry.Fusion`: a ``DequantizeLinear`` of a ``QuantizeLinear``...)."""
+def _fused(nodes, operators: Operators) -> dict[int, tuple[onnx.NodeProto, ...]]:
+    """``{index of a node: the nodes it runs fused with, farthest first}``: the chains that the nodes'
+    registrations declare (:class:`~optkit.onnx._ops._registry.Fusion`: a ``DequantizeLinear`` of a
+    ``QuantizeLinear``...)."""
     producers = {node.output[0]: node for node in nodes if node.output and node.output[0]}
-    pairs = {}
+    chains = {}
     for index, node in enumerate(nodes):
         fusion = operators.row(node)[0].fusion
-        producer = producers.get(node.input[0]) if fusion is not None and node.input else None
-        if producer is not None and producer.op_type == fusion.producer and normalize_domain(
-                producer.domain) == normalize_domain(node.domain) and fusion.matches(producer, node):
-            pairs[index] = producer
-    return pairs
+        if fusion is None:
+            continue
+        chain, reader = [], node
+        for op_type in reversed(fusion.chain):
+            producer = producers.get(reader.input[0]) if reader.input else None
+            if producer is None or producer.op_type != op_type or normalize_domain(
+                    producer.domain) != normalize_domain(node.domain):
+                break
+            chain.insert(0, producer)
+            reader = producer
+        else:
+            if fusion.matches(*chain, node):
+                chains[index] = tuple(chain)
+    return chains
 
 
 def _plan_layout(g: onnx.GraphProto, declared: Any, scope: Scope) -> _layout.Plan:
@@ -148,12 +158,13 @@ def _plan_layout(g: onnx.GraphProto, declared: Any, scope: Scope) -> _layout.Pla
 
 
 def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope,
-              fused_with: onnx.NodeProto | None = None, layout: _layout.Plan | None = None,
+              fused_with: tuple[onnx.NodeProto, ...] = (), layout: _layout.Plan | None = None,
               moved: set[str] | None = None) -> tuple[OpSpec, list[str]]:
     """Build ``node`` from its op-table row and add it to ``graph``; its row, and what its sub-graphs capture.
 
-    A node that runs fused with the node it reads (``fused_with``, its registration's ``Fusion``: a
-    ``DequantizeLinear`` of a ``QuantizeLinear``'s output) reads that node's input instead.
+    A node that runs fused with the nodes it reads (``fused_with``, farthest first, its registration's
+    ``Fusion``: a ``DequantizeLinear`` of a ``QuantizeLinear``'s output) reads the farthest one's first input
+    and the other inputs of the chain instead.
     A node the channels-last ``layout`` plans is built in both layouts and reads and writes the held tensors
     (``moved``: the tensors not held whose channels-last copies were made so far).
     """
@@ -183,9 +194,10 @@ def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope,
             raise type(err)(ctx.message(str(err))) from None
         return spec, captures
     inputs = list(node.input)
-    if fused_with is not None:
-        built = spec.fusion.build(ctx, parse_attributes(fused_with, scope.operators.row(fused_with)[2], ctx.where))
-        inputs = [fused_with.input[0], *inputs[1:]]
+    if fused_with:
+        built = spec.fusion.build(ctx, *(parse_attributes(p, scope.operators.row(p)[2], ctx.where)
+                                         for p in fused_with))
+        inputs = [fused_with[0].input[0], *(i for p in fused_with[1:] for i in p.input[1:]), *inputs[1:]]
     outputs = list(node.output)
     if layout is not None:
         built = layout.function(node, built, lambda: spec.builder(dataclasses.replace(ctx, channels_last=True)),

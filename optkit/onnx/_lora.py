@@ -6,7 +6,9 @@ Each adapted weight ``W`` (``in x out`` as the matmul applies it) gets ``A`` (``
 ``<W>.lora_B``: the model starts as exported. Every node that reads ``W`` as its weight computes
 ``y = x @ W + (alpha / rank) * (x @ A) @ B`` at the node (Hu et al. 2021, eq. 3), the adapters in float32
 (float64 for a DOUBLE weight), the base weight left as the file holds it (a constant in its dtype and
-packing; ``MatMulNBits``' 4- and 8-bit blocks stay packed).
+packing; ``MatMulNBits``' 4- and 8-bit blocks stay packed). The int8 weight of a dynamically quantized matmul
+(``quantize_dynamic``'s ``DynamicQuantizeLinear`` into ``MatMulInteger``, cast and scaled) gets its adapter on the
+float activation, added after the ``Mul`` by the scales.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ class LoRA:
         is ``rank`` (a scale of 1, Flax's ``nnx.LoRA``). PEFT's ``lora_alpha``.
       targets: glob patterns (``fnmatch``, e.g. ``"*q_proj*"``) matched against the weight initializer's
         name and the node's name; a weight is adapted when either matches one. None (default): every 2-D
-        float weight that a ``MatMul`` or ``Gemm`` reads as its second input, and every ``MatMulNBits``
-        weight (com.microsoft, 4- and 8-bit).
+        float weight that a ``MatMul`` or ``Gemm`` reads as its second input, every ``MatMulNBits``
+        weight (com.microsoft, 4- and 8-bit) and every int8 weight of a dynamically quantized matmul
+        (``DynamicQuantizeLinear`` into ``MatMulInteger``, as ``quantize_dynamic`` writes it).
       dropout: the rate of dropout on the adapter's input (PEFT's ``lora_dropout``), in [0, 1); drawn from
         the run's key (``apply_fn(..., rng=key)``, an ``OnnxModule``'s ``nnx.Rngs``), off without one.
       seed: the seed of ``A``'s initial values for :func:`~optkit.onnx.to_jax` (an ``OnnxModule`` draws
@@ -92,8 +95,9 @@ class _Target:
     trans_x: bool  # Gemm with transA: the activation is the node's first input transposed
     trans_w: bool  # Gemm with transB: W is stored (out, in)
     gain: float  # Gemm's alpha: the node scales x @ W by it
-    quantized: bool  # MatMulNBits: merged into the weight only as a side branch
-    dtype: int  # the activation's element type (the weight's, or MatMulNBits' scales')
+    quantized: bool  # MatMulNBits, MatMulInteger: merged into the weight only as a side branch
+    dtype: int  # the activation's element type (the weight's, MatMulNBits' scales', the Cast's after MatMulInteger)
+    x: str = ""  # the activation when it is not the node's first input (a DynamicQuantizeLinear's float input)
 
 
 def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
@@ -103,10 +107,49 @@ def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
     return default
 
 
+def _dynamic_matmuls(graph: onnx.GraphProto, inits: Mapping[str, onnx.TensorProto]) -> dict[int, _Target]:
+    """The dynamically quantized matmuls of ``quantize_dynamic``'s files, by the index of the node that ends
+    each: ``DynamicQuantizeLinear(x)`` into a ``MatMulInteger`` of a 2-D 8-bit weight initializer, whose only
+    reader is a ``Cast`` to a float type, whose only reader is the ``Mul`` by the two scales (that ``Mul`` is
+    the target: its output is ``x @ W`` as the file computes it)."""
+    producers = {o: n for n in graph.node for o in n.output if o}
+    readers: dict[str, list[int]] = {}
+    for index, node in enumerate(graph.node):
+        for name in dict.fromkeys(node.input):
+            readers.setdefault(name, []).append(index)
+    outputs = {o.name for o in graph.output}
+    found = {}
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type != "MatMulInteger" or len(node.input) < 2:
+            continue
+        w, quantize = inits.get(node.input[1]), producers.get(node.input[0])
+        if (w is None or len(w.dims) != 2 or w.data_type not in (TensorProto.INT8, TensorProto.UINT8)
+                or quantize is None or quantize.op_type != "DynamicQuantizeLinear"):
+            continue
+        chain = [node.output[0]]
+        for op_type in ("Cast", "Mul"):
+            after = readers.get(chain[-1], [])
+            if len(after) != 1 or chain[-1] in outputs or graph.node[after[0]].op_type != op_type:
+                break
+            chain.append(graph.node[after[0]].output[0])
+        else:
+            cast = graph.node[readers[node.output[0]][0]]
+            to = int(_attr(cast, "to", 0))
+            if to in _FLOAT:
+                end = readers[cast.output[0]][0]
+                found[end] = _Target(end, w.name, int(w.dims[0]), int(w.dims[1]), False, False, 1.0, True, to,
+                                     quantize.input[0])
+    return found
+
+
 def _candidates(graph: onnx.GraphProto) -> list[_Target]:
     inits = {t.name: t for t in graph.initializer}
+    dynamic = _dynamic_matmuls(graph, inits)
     found = []
     for index, node in enumerate(graph.node):
+        if index in dynamic:
+            found.append(dynamic[index])
+            continue
         if len(node.input) < 2 or node.input[1] not in inits:
             continue
         w = inits[node.input[1]]
@@ -140,8 +183,8 @@ def adapter_targets(model: onnx.ModelProto, lora: LoRA) -> list[_Target]:
     if not chosen:
         weights = sorted({t.weight for t in found})
         hint = difflib.get_close_matches(lora.targets[0], weights, n=3, cutoff=0.3) if lora.targets else []
-        raise ValueError(f"LoRA targets {list(lora.targets or [])} match no weight of a MatMul, Gemm or MatMulNBits "
-                         f"node; the weights are {weights[:20]}{' ...' if len(weights) > 20 else ''}"
+        raise ValueError(f"LoRA targets {list(lora.targets or [])} match no weight of a MatMul, Gemm, MatMulNBits "
+                         f"or dynamically quantized MatMulInteger node; the weights are {weights[:20]}{' ...' if len(weights) > 20 else ''}"
                          + (f" (close: {hint})" if hint else ""))
     return chosen
 
@@ -165,7 +208,7 @@ def _rewired(model: onnx.ModelProto, targets: Sequence[_Target], build) -> onnx.
         y = node.output[0]
         node.output[0] = f"{y}.lora_base"
         nodes.append(node)
-        nodes.extend(build(target, node.input[0], node.output[0], y, index))
+        nodes.extend(build(target, target.x or node.input[0], node.output[0], y, index))
     del new.graph.node[:]
     new.graph.node.extend(nodes)
     return new
@@ -218,7 +261,7 @@ def write_adapters(model: onnx.ModelProto, values: Mapping[str, Any], lora: LoRA
 
     Float weights with ``merge``: ``W + (alpha / rank) * A @ B`` (transposed for a ``Gemm`` with ``transB``),
     computed in float64 and stored in ``W``'s dtype (returned as replacement values, the graph unchanged).
-    Otherwise, and always for ``MatMulNBits`` weights: standard nodes after each adapted node,
+    Otherwise, and always for quantized weights (``MatMulNBits``, ``MatMulInteger``): standard nodes after each adapted node,
     ``y = base + MatMul(MatMul(x, A), B) * scale``, the adapters as initializers in the activation's dtype.
 
     Returns:

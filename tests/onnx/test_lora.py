@@ -31,7 +31,9 @@ import optkit.onnx  # noqa: E402
 MODELS = pathlib.Path(__file__).parent / "models"
 FILES = {"gpt2": MODELS / "torch_dynamo_gpt2.onnx", "bert": MODELS / "torch_torchscript_bert.onnx",
          "int4_llama": MODELS / "quantized" / "ort_int4_llama.onnx",
-         "int4_bert": MODELS / "quantized" / "ort_int4_bert.onnx"}
+         "int4_bert": MODELS / "quantized" / "ort_int4_bert.onnx",
+         "int8_llama": MODELS / "quantized" / "ort_int8_llama.onnx",
+         "int8_gpt2": MODELS / "quantized" / "ort_int8_gpt2.onnx"}
 IDS = np.random.default_rng(44).integers(0, 100, (2, 8)).astype(np.int64)
 
 
@@ -76,8 +78,8 @@ def test_params_are_the_adapters_and_the_model_starts_as_exported(name):
     # B = 0: the adapter term is exactly 0; XLA fuses the graph around it differently (float32 rounding).
     want = np.asarray(base_fn(_, IDS))
     np.testing.assert_allclose(apply_fn(params, IDS), want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
-    if name.startswith("int4"):  # every MatMulNBits weight, no float copy of it in params
-        weights = {n.input[1] for n in model.graph.node if n.op_type == "MatMulNBits"}
+    if name.startswith(("int4", "int8")):  # every quantized matmul's weight, no float copy of it in params
+        weights = {n.input[1] for n in model.graph.node if n.op_type in ("MatMulNBits", "MatMulInteger")}
         assert {k.rsplit(".lora_", 1)[0] for k in params} == weights
 
 
@@ -94,7 +96,7 @@ def test_written_back_model_gives_onnx_runtime_the_outputs_of_apply_fn(name, mer
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
     base = np.asarray(optkit.onnx.to_jax(model, trainable=[])[0]({}, IDS))
     assert np.abs(want - base).max() > 1e-3  # the adapters act
-    side_branch = not merge or name.startswith("int4")
+    side_branch = not merge or name.startswith(("int4", "int8"))
     assert (len(written.graph.node) > len(model.graph.node)) == side_branch
     if side_branch:  # the base weights bit for bit as they were
         old = {t.name: t.raw_data or numpy_helper.to_array(t).tobytes() for t in model.graph.initializer}
@@ -155,7 +157,7 @@ def test_adapter_gradients_match_central_differences_in_float64():
 
 
 @pytest.mark.parametrize("name, tx", [("gpt2", optax.adamw(3e-2)), ("int4_llama", optkit.adam(3e-2)),
-                                      ("int4_bert", optax.sgd(0.5))])
+                                      ("int4_bert", optax.sgd(0.5)), ("int8_llama", optax.adamw(3e-2))])
 def test_lora_trains_and_leaves_the_base_unchanged(name, tx):
     model = onnx.load(str(FILES[name]))
     before = onnx.ModelProto()
@@ -226,11 +228,12 @@ def test_with_initializers_needs_the_lora_and_the_original_model():
 # ---------------------------------------------------------------------------------------------- Flax NNX
 
 
-def test_onnx_module_holds_lora_params_and_nnx_optimizer_trains_only_them():
-    model = onnx.load(str(FILES["int4_llama"]))
+@pytest.mark.parametrize("name", ["int4_llama", "int8_llama"])
+def test_onnx_module_holds_lora_params_and_nnx_optimizer_trains_only_them(name):
+    model = onnx.load(str(FILES[name]))
     module = optkit.onnx.OnnxModule(model, lora=optkit.onnx.LoRA(4), rngs=nnx.Rngs(0, params=1))
     adapters = nnx.state(module, nnx.LoRAParam)
-    assert len(jax.tree.leaves(adapters)) == 2 * 15  # A and B of every MatMulNBits weight
+    assert len(jax.tree.leaves(adapters)) == 2 * 15  # A and B of every MatMulNBits (MatMulInteger) weight
     assert all(isinstance(p, nnx.LoRAParam) for p in module.params.values())
     optimizer = nnx.Optimizer(module, optax.adamw(3e-2), wrt=nnx.LoRAParam)
     target = jnp.ones((2, 8, 100), jnp.float32)

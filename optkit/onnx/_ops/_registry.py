@@ -154,21 +154,30 @@ ELEMENTWISE = Layout("elementwise")
 
 @dataclasses.dataclass(frozen=True)
 class Fusion:
-    """A node that runs as one node with the node it reads its first input from (declared at its
+    """A node that runs as one node with the nodes it reads its first input through (declared at its
     registration; the converter applies it knowing no family): a ``DequantizeLinear`` of a
-    ``QuantizeLinear``'s output is one fake quantization with a straight-through gradient.
+    ``QuantizeLinear``'s output is one fake quantization with a straight-through gradient, and so is a
+    ``Cast`` to a float type of a ``MatMulInteger`` of a ``DynamicQuantizeLinear``'s output.
 
     Attributes:
-      producer: the operator type of that node (in the same domain).
-      matches: ``matches(producer, node)``: whether this pair is fused (the same parameters...).
-      build: ``build(ctx, producer_attrs) -> fn``: the fused function of ``node``'s inputs, the producer's
-        input first in place of its output (``ctx`` is ``node``'s; ``producer_attrs`` the producer's parsed
-        attributes).
+      producer: the operator type of the node whose output is the node's first input, or a tuple of
+        operator types from the farthest to the nearest (``("DynamicQuantizeLinear", "MatMulInteger")``:
+        each node's first input is the output of the one before it); all in the node's domain.
+      matches: ``matches(*producers, node)``, the producers farthest first: whether this chain is fused
+        (the same parameters...).
+      build: ``build(ctx, *producer_attrs) -> fn``: the fused function (``ctx`` is ``node``'s, the
+        producers' parsed attributes farthest first). It reads the farthest producer's first input, then
+        the inputs after the first of each nearer producer and of ``node``, in that order.
     """
 
-    producer: str
-    matches: Callable[[Any, Any], bool]
+    producer: str | tuple[str, ...]
+    matches: Callable[..., bool]
     build: Callable[..., Callable[..., Any]]
+
+    @property
+    def chain(self) -> tuple[str, ...]:
+        """The producers' operator types, farthest first."""
+        return (self.producer,) if isinstance(self.producer, str) else tuple(self.producer)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 
 from optkit.onnx._ops._common import is_integer
-from optkit.onnx._ops._registry import ELEMENTWISE, Family, Layout
+from optkit.onnx._ops._registry import ELEMENTWISE, Family, Fusion, Layout
 from optkit.onnx._ops._values import onnx_dtype, storage_bits
 
 OPS = Family("elementwise")
@@ -315,7 +315,20 @@ def _cast_rules(ctx):
     return saturate, round_mode
 
 
-@OPS.op("Cast", 6, 9, 13, 19, 21, 23, 24, 25, 28, layout=ELEMENTWISE)
+def _dynamic_matmul_matches(*nodes):
+    from optkit.onnx._ops.quantize import dynamic_matmul_matches  # (quantize imports this family)
+
+    return dynamic_matmul_matches(*nodes)
+
+
+def _dynamic_matmul(ctx, quantize_attrs, matmul_attrs):
+    from optkit.onnx._ops.quantize import dynamic_matmul
+
+    return dynamic_matmul(_cast(ctx))
+
+
+@OPS.op("Cast", 6, 9, 13, 19, 21, 23, 24, 25, 28, layout=ELEMENTWISE,
+        fusion=Fusion(("DynamicQuantizeLinear", "MatMulInteger"), _dynamic_matmul_matches, _dynamic_matmul))
 def _cast(ctx):
     dtype = onnx_dtype(ctx.attrs["to"], ctx.message("attribute 'to'"))
     saturate, round_mode = _cast_rules(ctx)

@@ -12,7 +12,9 @@ added), to float 4 ``y = cast(x / scale + zero_point)``.
 
 A ``DequantizeLinear`` fed by a ``QuantizeLinear`` (the fake quantization a QDQ model is made of) is
 differentiated with the straight-through estimator: the gradient with respect to ``x`` passes where ``x``
-quantizes inside the type's range and is 0 where it saturates (see :func:`fake_quantize`).
+quantizes inside the type's range and is 0 where it saturates (see :func:`fake_quantize`). So is the
+dynamically quantized matmul of ``quantize_dynamic``'s files, a ``Cast`` to float of a ``MatMulInteger`` of a
+``DynamicQuantizeLinear``'s output (see :func:`dynamic_matmul`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import onnx
 
 from optkit.onnx._ops._common import axis_index
 from optkit.onnx._ops._registry import Family, Fusion
@@ -131,17 +134,86 @@ def _dequantize_linear(ctx):
     return dequantize_linear
 
 
+def _dynamic_range(x):
+    """``DynamicQuantizeLinear``'s range of a float32 ``x``: ``(low, high)``, widened to include 0."""
+    return jnp.minimum(jnp.min(x, initial=0.0), 0.0), jnp.maximum(jnp.max(x, initial=0.0), 0.0)
+
+
+def dynamic_quantize(x):
+    """``DynamicQuantizeLinear`` of ``x``: ``(y uint8, y_scale float32 scalar, y_zero_point uint8 scalar)``,
+    ``y_scale = (max(x, 0) - min(x, 0)) / 255`` (1 for an all-zero ``x``) and ``y_zero_point =
+    round(clip(-min(x, 0) / y_scale, 0, 255))``, as ONNX's operator page and reference implementation define
+    them."""
+    x = jnp.asarray(x).astype(jnp.float32)
+    low, high = _dynamic_range(x)
+    scale = _divide(jnp.where(high == low, 1.0, high - low), 255.0, jnp.float32)
+    zero_point = jnp.round(jnp.clip(_divide(-low, scale, jnp.float32), 0, 255)).astype(jnp.uint8)
+    return _quantize(x, scale, zero_point, np.dtype(np.uint8)), scale, zero_point
+
+
 @OPS.op("DynamicQuantizeLinear", 11)
 def _dynamic_quantize_linear(ctx):
     def dynamic_quantize_linear(x):
-        x = jnp.asarray(x).astype(jnp.float32)
-        low = jnp.minimum(jnp.min(x, initial=0.0), 0.0)
-        high = jnp.maximum(jnp.max(x, initial=0.0), 0.0)
-        scale = _divide(jnp.where(high == low, 1.0, high - low), 255.0, jnp.float32)
-        zero_point = jnp.round(jnp.clip(_divide(-low, scale, jnp.float32), 0, 255)).astype(jnp.uint8)
-        return _quantize(x, scale, zero_point, np.dtype(np.uint8)), scale, zero_point
+        return dynamic_quantize(x)
 
     return dynamic_quantize_linear
+
+
+def dynamic_matmul_matches(quantize, matmul, cast) -> bool:
+    """Whether ``cast`` (a ``Cast``) of ``matmul`` (a ``MatMulInteger``) of ``quantize``'s (a
+    ``DynamicQuantizeLinear``'s) output is the dynamically quantized matmul that
+    ``onnxruntime.quantization.quantize_dynamic`` writes: ``matmul`` reads the quantized values and their
+    zero point (or none) as its ``A``, and ``cast`` turns the int32 product into a float type."""
+    to = next((a.i for a in cast.attribute if a.name == "to"), 0)
+    a_zero_point = matmul.input[2] if len(matmul.input) > 2 else ""
+    return (len(matmul.input) >= 2 and matmul.input[0] == quantize.output[0]
+            and a_zero_point in ("", *quantize.output[2:3]) and len(cast.output) == 1
+            and to in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+                       onnx.TensorProto.BFLOAT16))
+
+
+def dynamic_matmul(cast):
+    """The node function of a ``Cast`` fused with a ``MatMulInteger`` of a ``DynamicQuantizeLinear`` (see
+    :func:`dynamic_matmul_matches`): ``cast(MatMulInteger(DynamicQuantizeLinear(x)[0], b, a_zero_point,
+    b_zero_point))`` of ``(x, b, a_zero_point, b_zero_point)``, the same values as the three nodes, differentiable
+    in ``x`` by the straight-through estimator.
+
+    The quantized activation minus its zero point, ``round(x / s) + z - z``, is differentiated as ``x / s``
+    (the rounding as the identity, ``s = (max(x, 0) - min(x, 0)) / 255`` with its own derivative), and as 0
+    where the level ``round(x / s) + z`` leaves [0, 255]. The graph's ``Mul`` by ``s * b_scale`` that follows
+    then gives ``x``'s gradient as the float matmul with the dequantized weight has it, up to the rounding of
+    ``x``: the quantized matmul trains as the float model it stands for (Bengio et al. 2013; Jacob et al.
+    2018, section 3). ``b`` and the zero points get no gradient (integers)."""
+
+    def product(x, b, a_zero_point, b_zero_point):
+        q = dynamic_quantize(x)[0]
+        return cast(jnp.matmul(_centered(q, a_zero_point), _centered(b, b_zero_point)).astype(jnp.int32))
+
+    def levels(x):
+        low, high = _dynamic_range(x)
+        return x / (jnp.where(high == low, 1.0, high - low) / 255.0)
+
+    @jax.custom_jvp
+    def straight_through(x, b, a_zero_point, b_zero_point):
+        return product(x, b, a_zero_point, b_zero_point)
+
+    @straight_through.defjvp
+    def straight_through_jvp(primals, tangents):
+        x, b, a_zero_point, b_zero_point = primals
+        y = product(x, b, a_zero_point, b_zero_point)
+        level, dlevel = jax.jvp(levels, (x,), (tangents[0].astype(jnp.float32),))
+        level = jnp.round(level) + a_zero_point.astype(jnp.float32)
+        dlevel = jnp.where((level >= 0) & (level <= 255), dlevel, 0.0)
+        weight = _centered(b, b_zero_point).astype(jnp.float32)  # exact: 8-bit values
+        return y, jnp.matmul(dlevel, weight).astype(y.dtype)
+
+    def fused(x, b, a_zero_point=None, b_zero_point=None):
+        x = jnp.asarray(x).astype(jnp.float32)
+        zero = jnp.zeros((), jnp.uint8)
+        return straight_through(x, jnp.asarray(b), zero if a_zero_point is None else jnp.asarray(a_zero_point),
+                                zero if b_zero_point is None else jnp.asarray(b_zero_point))
+
+    return fused
 
 
 def fake_quantize(x, scale, zero_point, dtype, out_dtype):
@@ -209,11 +281,13 @@ def straight_through(ctx, q_attrs):
 
 
 def _centered(value, zero_point, expand_axes=None):
-    """An integer tensor minus its zero point, as float64 (exact for the 8-bit products and their sums)."""
-    v = jnp.asarray(value).astype(jnp.float64)
+    """An integer tensor minus its zero point, as float64 (exact for the 8-bit products and their sums; float32
+    with JAX's 64-bit mode off, exact while the sums stay below 2**24)."""
+    wide = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+    v = jnp.asarray(value).astype(wide)
     if zero_point is None:
         return v
-    z = jnp.asarray(zero_point).astype(jnp.float64)
+    z = jnp.asarray(zero_point).astype(wide)
     if expand_axes is not None and z.ndim == 1 and z.size > 1:
         z = jnp.expand_dims(z, expand_axes)
     return v - z

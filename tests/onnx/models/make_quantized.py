@@ -8,8 +8,10 @@ on it, and ``quantized/versions.json`` the versions. ``MatMulNBitsQuantizer`` (4
 asymmetric: uint8 zero points) turns the torch.onnx LLaMA (dynamo) and BERT (TorchScript) exports into
 ``quantized/ort_int4_llama.onnx`` and ``quantized/ort_int4_bert.onnx`` (every MatMul with a weight
 initializer becomes a com.microsoft ``MatMulNBits``), with ONNX Runtime's outputs in the ``.npz`` of
-the same name. Needs onnxruntime (optkit's test extra) and, for the int4 files, ``onnx_ir``; the files
-are committed:
+the same name. ``quantize_dynamic`` (its defaults: int8 weights per tensor, each MatMul's activation through
+``DynamicQuantizeLinear`` into ``MatMulInteger``) turns the LLaMA (dynamo), GPT-2 (dynamo) and BERT
+(TorchScript) exports into ``quantized/ort_int8_{llama,gpt2,bert}.onnx``, likewise with ONNX Runtime's outputs.
+Needs onnxruntime (optkit's test extra) and, for the int4 files, ``onnx_ir``; the files are committed:
 
     python tests/onnx/models/make_quantized.py
 """
@@ -52,17 +54,49 @@ def main() -> None:
     ops = sorted({n.op_type for n in onnx.load(str(target)).graph.node})
     int4 = {name: _int4(name, source) for name, source in (("llama", "torch_dynamo_llama"),
                                                            ("bert", "torch_torchscript_bert"))}
+    int8 = {name: _int8(name, source) for name, source in (("llama", "torch_dynamo_llama"),
+                                                           ("gpt2", "torch_dynamo_gpt2"),
+                                                           ("bert", "torch_torchscript_bert"))}
     (OUT / "versions.json").write_text(json.dumps(
         {"onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__, "source": source.name, "ops": ops,
-         "int4": int4}, indent=1, sort_keys=True) + "\n")
-    print(target, ops, int4)
+         "int4": int4, "int8": int8}, indent=1, sort_keys=True) + "\n")
+    print(target, ops, int4, int8)
+
+
+def _save_outputs(target: pathlib.Path, source: str) -> onnx.ModelProto:
+    """ONNX Runtime's outputs of ``target`` on ``<source>.npz``'s saved input, written to ``target``'s ``.npz``
+    with that input."""
+    import onnx
+    import onnxruntime
+
+    model = onnx.load(str(target))
+    saved = np.load(HERE / f"{source}.npz")
+    feeds = {i.name: saved[i.name] for i in model.graph.input if i.name in saved}
+    if not feeds:  # one-input exports save it as "input"
+        feeds = {model.graph.input[0].name: saved["input"]}
+    session = onnxruntime.InferenceSession(str(target), providers=["CPUExecutionProvider"])
+    outputs = session.run(None, feeds)
+    np.savez(target.with_suffix(".npz"), **feeds, **{f"output:{o.name}": v
+                                                     for o, v in zip(model.graph.output, outputs)})
+    return model
+
+
+def _int8(name: str, source: str) -> dict:
+    """``quantized/ort_int8_<name>.onnx`` from ``<source>.onnx`` by ``quantize_dynamic`` (its defaults), and
+    ONNX Runtime's outputs on the source's saved input."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    target = OUT / f"ort_int8_{name}.onnx"
+    quantize_dynamic(str(HERE / f"{source}.onnx"), str(target))
+    model = _save_outputs(target, source)
+    return {"source": f"{source}.onnx", "weight_type": "QInt8", "per_channel": False,
+            "MatMulInteger": sum(n.op_type == "MatMulInteger" for n in model.graph.node)}
 
 
 def _int4(name: str, source: str) -> dict:
     """``quantized/ort_int4_<name>.onnx`` from ``<source>.onnx`` by MatMulNBitsQuantizer, and ONNX Runtime's
     outputs on the source's saved input."""
     import onnx
-    import onnxruntime
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     quantizer = MatMulNBitsQuantizer(onnx.load(str(HERE / f"{source}.onnx")), block_size=16, is_symmetric=False)
@@ -70,14 +104,7 @@ def _int4(name: str, source: str) -> dict:
     model = quantizer.model.model
     target = OUT / f"ort_int4_{name}.onnx"
     onnx.save(model, str(target))
-    saved = np.load(HERE / f"{source}.npz")
-    feeds = {i.name: saved[i.name] for i in model.graph.input if i.name in saved}
-    if not feeds:  # one-input exports save it as "input"
-        feeds = {model.graph.input[0].name: saved["input"]}
-    session = onnxruntime.InferenceSession(str(target), providers=["CPUExecutionProvider"])
-    outputs = session.run(None, feeds)
-    np.savez(OUT / f"ort_int4_{name}.npz", **feeds, **{f"output:{o.name}": v
-                                                        for o, v in zip(model.graph.output, outputs)})
+    _save_outputs(target, source)
     return {"source": f"{source}.onnx", "block_size": 16, "bits": 4,
             "MatMulNBits": sum(n.op_type == "MatMulNBits" for n in model.graph.node)}
 
