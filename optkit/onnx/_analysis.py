@@ -177,7 +177,8 @@ def default_trainable(initializers: Mapping[str, np.ndarray], read: frozenset[st
                       static: frozenset[str]) -> tuple[str, ...]:
     """The initializers trained by default (``to_jax``, ``OnnxModule``, ``make_training_model``): floating-point,
     of rank >= 1, read by a node (sub-graphs included), not read where a value must be known before running
-    (a ``Resize``'s scales), and holding weights rather than masks (:func:`looks_trainable`)."""
+    (a ``Resize``'s scales) or where a table is (``static`` holds both: a rotary embedding's caches), and
+    holding weights rather than masks (:func:`looks_trainable`)."""
     return tuple(name for name, value in initializers.items()
                  if np.issubdtype(np.asarray(value).dtype, np.floating) and name in read and np.ndim(value)
                  and name not in static and looks_trainable(value))
@@ -210,9 +211,10 @@ class Facts:
 
 
 def facts_of(model: onnx.ModelProto, inputs: Sequence[Any], initializers: Mapping[str, np.ndarray],
-             static_initializers: frozenset[str]) -> Facts:
+             static_initializers: frozenset[str], table_initializers: frozenset[str] = frozenset()) -> Facts:
     """:class:`Facts` of a checked ``model`` whose graph inputs are ``inputs`` (``InputInfo`` records) and
-    decoded initializers ``initializers`` (``static_initializers``: those a static input slot reads)."""
+    decoded initializers ``initializers`` (``static_initializers``: those a static input slot reads;
+    ``table_initializers``: those read as tables, not weights)."""
     read = frozenset(name for _, node in nodes_of(model.graph) for name in node.input)
     grouped, gradient = grouped_convolution(model)
     wide = {np.dtype(np.float64), np.dtype(np.complex128)}
@@ -221,4 +223,5 @@ def facts_of(model: onnx.ModelProto, inputs: Sequence[Any], initializers: Mappin
               or any(o.type.tensor_type.elem_type in (onnx.TensorProto.DOUBLE, onnx.TensorProto.COMPLEX128)
                      for o in model.graph.output))
     return Facts(read, updated_inputs(model.graph.node, [info.name for info in inputs]), grouped, gradient,
-                 default_trainable(initializers, read, static_initializers), double, deduplicated(model))
+                 default_trainable(initializers, read, static_initializers | table_initializers), double,
+                 deduplicated(model))

@@ -52,6 +52,8 @@ class Converted:
       model: the checked ``ModelProto`` as it was read (set by the pipeline; None for a sub-graph).
       static_initializers: initializers that a static input slot reads (a ``Resize``'s scales...): fed as
         traced values they would fail, so they are not trained by default.
+      table_initializers: initializers that a node reads as a table rather than a weight (a rotary
+        embedding's caches: its registration's ``table_inputs``), not trained by default.
       facts: what loading found out about the model for the runners (:class:`~optkit.onnx._analysis.Facts`;
         set by the pipeline, None for a sub-graph).
       adapters: the initializers that ``lora=`` added (``<W>.lora_A``, ``<W>.lora_B``), set by the pipeline.
@@ -64,6 +66,7 @@ class Converted:
     captures: tuple[str, ...] = ()
     model: onnx.ModelProto | None = None
     static_initializers: frozenset[str] = frozenset()
+    table_initializers: frozenset[str] = frozenset()
     facts: Facts | None = None
     adapters: tuple[str, ...] = ()
 
@@ -120,7 +123,10 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     names = {info.name for info in declared.inputs}
     static = static_inputs(g.node, specs, names | set(declared.initializers), scope.budget)
     return Converted(graph, declared.inputs, declared.outputs, static & names, tuple(captured),
-                     static_initializers=static & set(declared.initializers))
+                     static_initializers=static & set(declared.initializers),
+                     table_initializers=frozenset(node.input[i] for index, node in enumerate(g.node)
+                                                  for i in specs[index].table_inputs
+                                                  if i < len(node.input)) & set(declared.initializers))
 
 
 def _fused(nodes, operators: Operators) -> dict[int, tuple[onnx.NodeProto, ...]]:

@@ -251,7 +251,8 @@ def to_jax(
         ``err.throw()``. Default False: an out-of-range index gives NaN (floats) or the type's fill value,
         never another element (JAX's ``mode="fill"``), and costs nothing.
       lora: low-rank adapters (:class:`~optkit.onnx.LoRA`) on the weights of the ``MatMul``, ``Gemm``,
-        ``MatMulNBits`` and dynamically quantized ``MatMulInteger`` nodes it targets: each such node computes ``x @ W + (alpha / rank) * (x @ A) @ B``.
+        ``MatMulNBits`` and dynamically quantized ``MatMulInteger`` nodes it targets: each such node computes
+        ``x @ W + (alpha / rank) * (x @ A) @ B``.
         ``params`` then holds the adapters, ``<W>.lora_A`` (in x rank, random) and ``<W>.lora_B`` (rank x out,
         zeros: the model starts as exported), float32 (float64 for a DOUBLE weight), plus only the initializers
         ``trainable``

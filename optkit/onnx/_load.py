@@ -72,7 +72,8 @@ def load(model: ModelSource, limits: Limits, base_dir: str | os.PathLike[str] | 
     times.append(time.perf_counter())
     expanded = expand_functions(proto) if proto.functions else proto
     converted = convert(expanded, operators, limits)
-    facts = facts_of(proto, converted.inputs, converted.graph.initializers, converted.static_initializers)
+    facts = facts_of(proto, converted.inputs, converted.graph.initializers, converted.static_initializers,
+                     converted.table_initializers)
     times.append(time.perf_counter())
     read, check, build = (b - a for a, b in zip(times, times[1:]))
     _log.info("loaded %s: read %.2f s, operators and onnx.checker %.2f s, converted %d nodes %.2f s", origin, read,

@@ -184,7 +184,8 @@ def adapter_targets(model: onnx.ModelProto, lora: LoRA) -> list[_Target]:
         weights = sorted({t.weight for t in found})
         hint = difflib.get_close_matches(lora.targets[0], weights, n=3, cutoff=0.3) if lora.targets else []
         raise ValueError(f"LoRA targets {list(lora.targets or [])} match no weight of a MatMul, Gemm, MatMulNBits "
-                         f"or dynamically quantized MatMulInteger node; the weights are {weights[:20]}{' ...' if len(weights) > 20 else ''}"
+                         f"or dynamically quantized MatMulInteger node; the weights are {weights[:20]}"
+                         f"{' ...' if len(weights) > 20 else ''}"
                          + (f" (close: {hint})" if hint else ""))
     return chosen
 
@@ -261,8 +262,9 @@ def write_adapters(model: onnx.ModelProto, values: Mapping[str, Any], lora: LoRA
 
     Float weights with ``merge``: ``W + (alpha / rank) * A @ B`` (transposed for a ``Gemm`` with ``transB``),
     computed in float64 and stored in ``W``'s dtype (returned as replacement values, the graph unchanged).
-    Otherwise, and always for quantized weights (``MatMulNBits``, ``MatMulInteger``): standard nodes after each adapted node,
-    ``y = base + MatMul(MatMul(x, A), B) * scale``, the adapters as initializers in the activation's dtype.
+    Otherwise, and always for quantized weights (``MatMulNBits``, ``MatMulInteger``): standard nodes after each
+    adapted node, ``y = base + MatMul(MatMul(x, A), B) * scale``, the adapters as initializers in the
+    activation's dtype.
 
     Returns:
       The model (a copy when nodes were added) and ``{weight name: merged value}``.

@@ -121,11 +121,25 @@ def test_bias_add_is_its_documented_formula():
     np.testing.assert_array_equal(got, X + BIAS + SKIP)
 
 
-@pytest.mark.parametrize("bits, zero_points, bias, k", [(4, False, False, 64), (4, True, True, 40),
-                                                        (8, True, False, 32), (8, False, True, 48)])
-def test_matmul_nbits_gives_onnx_runtimes_output_and_a_gradient_for_a(bits, zero_points, bias, k):
+def _int8_blocks(a, block):
+    """NumPy: ``a`` quantized to int8 per row and per block of ``block`` along K (``round(a / s)``, halves to even,
+    ``s = max|a| / 127``) and dequantized, as ONNX Runtime's CPU MatMulNBits computes at accuracy_level 4."""
+    k = a.shape[-1]
+    padded = np.pad(a, [(0, 0), (0, -k % block)]).reshape(a.shape[0], -1, block)
+    s = (np.abs(padded).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    inverse = np.where(s != 0, np.float32(1) / np.where(s != 0, s, 1), 0).astype(np.float32)
+    q = np.clip(np.round(padded * inverse), -128, 127)
+    return (q * s).reshape(a.shape[0], -1)[:, :k].astype(np.float64)
+
+
+@pytest.mark.parametrize("bits, zero_points, bias, k, level", [
+    (4, False, False, 64, 0), (4, True, True, 40, 0), (8, True, False, 32, 0), (8, False, True, 48, 0),
+    (4, True, False, 64, 4), (4, False, True, 40, 4), (8, True, False, 48, 4)])
+def test_matmul_nbits_gives_onnx_runtimes_output_and_a_gradient_for_a(bits, zero_points, bias, k, level):
     """MatMulNBits (4- and 8-bit blockwise weights, as MatMulNBitsQuantizer and onnxruntime-genai write): random
-    packed weights, scales and zero points against ONNX Runtime's CPU kernel; K not a multiple of the block."""
+    packed weights, scales and zero points against ONNX Runtime's CPU kernel; K not a multiple of the block.
+    At ``accuracy_level`` 4 (onnxruntime-genai's CPU files) the activations are quantized to int8 per block
+    first, and the gradient is the float product's (straight-through)."""
     n, block = 24, 16
     blocks = -(-k // block)
     rng = np.random.default_rng(bits + k)
@@ -141,7 +155,7 @@ def test_matmul_nbits_gives_onnx_runtimes_output_and_a_gradient_for_a(bits, zero
         inits.append(numpy_helper.from_array(rng.normal(size=(n,)).astype(np.float32), "bias"))
         inputs += ["", "bias"] if zero_points else ["", "", "bias"]
     node = helper.make_node("MatMulNBits", inputs, ["y"], domain="com.microsoft", K=k, N=n, bits=bits,
-                            block_size=block)
+                            block_size=block, accuracy_level=level)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [3, k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, n])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
@@ -149,7 +163,6 @@ def test_matmul_nbits_gives_onnx_runtimes_output_and_a_gradient_for_a(bits, zero
     a = rng.normal(size=(3, k)).astype(np.float32)
     (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a})
     (got,) = optkit.onnx.prepare(model).run([a])
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.max(np.abs(want)))
     apply_fn, params = optkit.onnx.to_jax(model)
     assert "B" not in params  # packed integer weights are never parameters (the float scales and bias are)
     grad = jax.grad(lambda x: jnp.sum(apply_fn(params, x) ** 2))(jnp.asarray(a))
@@ -162,8 +175,11 @@ def test_matmul_nbits_gives_onnx_runtimes_output_and_a_gradient_for_a(bits, zero
     else:
         zp = 2 ** (bits - 1)
     w = ((q.astype(np.float64) - zp) * scales.reshape(n, blocks, 1)).reshape(n, -1)[:, :k]
-    y = a.astype(np.float64) @ w.T + (numpy_helper.to_array(inits[-1]) if bias else 0)
-    np.testing.assert_allclose(want, y, rtol=1e-4, atol=1e-4 * np.max(np.abs(y)))
+    used = _int8_blocks(a, block) if level == 4 else a.astype(np.float64)
+    y = used @ w.T + (numpy_helper.to_array(inits[-1]) if bias else 0)
+    assert level != 4 or np.abs(used - a).max() > 1e-3  # the int8 rounding is visible
+    np.testing.assert_allclose(got, y, rtol=1e-5, atol=1e-5 * np.max(np.abs(y)))
+    np.testing.assert_allclose(want, y, rtol=1e-5, atol=1e-5 * np.max(np.abs(y)))
     np.testing.assert_allclose(grad, 2 * y @ w, rtol=1e-4, atol=1e-4 * np.max(np.abs(grad)))
 
 

@@ -26,7 +26,7 @@ from optkit.onnx._ops._values import onnx_dtype
 OPS = Family("attention")
 
 
-@OPS.op("RotaryEmbedding", 23)
+@OPS.op("RotaryEmbedding", 23, table_inputs=(1, 2))
 def _rotary_embedding(ctx):
     num_heads = int(ctx.attrs.get("num_heads", 0))
     rotary_dim = int(ctx.attrs.get("rotary_embedding_dim", 0))
@@ -56,21 +56,29 @@ def _rotary_embedding(ctx):
             if jnp.shape(cache)[-1] != dim // 2:
                 raise ctx.error(f"{what}'s last dimension is {jnp.shape(cache)[-1]}, not rotary_embedding_dim / 2 "
                                 f"= {dim // 2}")
-        cos, sin = cos_cache[:, :, None, :], sin_cache[:, :, None, :]
-        rotate, keep = xs[..., :dim], xs[..., dim:]
-        if interleaved:
-            x1, x2 = rotate[..., 0::2], rotate[..., 1::2]
-        else:
-            x1, x2 = rotate[..., :dim // 2], rotate[..., dim // 2:]
-        real, imag = cos * x1 - sin * x2, sin * x1 + cos * x2
-        if interleaved:
-            rotated = jnp.reshape(jnp.stack([real, imag], axis=-1), rotate.shape)
-        else:
-            rotated = jnp.concatenate([real, imag], axis=-1)
-        out = jnp.concatenate([rotated, keep], axis=-1).astype(jnp.result_type(x))
+        out = rotary(xs, cos_cache[:, :, None, :], sin_cache[:, :, None, :], interleaved).astype(jnp.result_type(x))
         return jnp.reshape(out, jnp.shape(x)) if rank == 3 else jnp.transpose(out, (0, 2, 1, 3))
 
     return rotary_embedding
+
+
+def rotary(x, cos, sin, interleaved):
+    """The rotary embedding of ``x`` (..., head size): its first ``2 * cos.shape[-1]`` features rotated by the
+    angles whose cosines and sines ``cos`` and ``sin`` hold (broadcast against ``x[..., :d/2]``), in pairs
+    ``(x[i], x[i + d/2])`` or, ``interleaved``, ``(x[2i], x[2i+1])``; the rest of ``x`` as it is (Su et al.
+    2021; ONNX's ``RotaryEmbedding``, ONNX Runtime's ``com.microsoft`` one)."""
+    dim = 2 * jnp.shape(cos)[-1]
+    rotate, keep = x[..., :dim], x[..., dim:]
+    if interleaved:
+        x1, x2 = rotate[..., 0::2], rotate[..., 1::2]
+    else:
+        x1, x2 = rotate[..., :dim // 2], rotate[..., dim // 2:]
+    real, imag = cos * x1 - sin * x2, sin * x1 + cos * x2
+    if interleaved:
+        rotated = jnp.reshape(jnp.stack([real, imag], axis=-1), rotate.shape)
+    else:
+        rotated = jnp.concatenate([real, imag], axis=-1)
+    return jnp.concatenate([rotated, keep], axis=-1)
 
 
 def _bias(ctx, shape_qk, dtype, attn_mask, causal, offset, windows):

@@ -63,9 +63,9 @@ def main() -> None:
     print(target, ops, int4, int8)
 
 
-def _save_outputs(target: pathlib.Path, source: str) -> onnx.ModelProto:
+def _save_outputs(target: pathlib.Path, source: str):
     """ONNX Runtime's outputs of ``target`` on ``<source>.npz``'s saved input, written to ``target``'s ``.npz``
-    with that input."""
+    with that input; returns the ``onnx.ModelProto`` of ``target``."""
     import onnx
     import onnxruntime
 
