@@ -79,3 +79,33 @@ def test_onnx_finetune_trains_an_exported_model_and_saves_it(tmp_path):
     if result["ort_accuracy"] is not None:
         assert result["ort_accuracy"] == result["accuracy"]
     assert (tmp_path / "onnx_finetune_loss.png").stat().st_size > 0
+
+
+def test_onnx_llm_decodes_a_genai_builder_model_through_to_jax_as_onnx_runtime():
+    from examples import onnx_llm
+
+    result = onnx_llm.main(["--tokens", "10"])
+    assert result["tokens"].shape == (1, 10) and result["prompt"].shape[1] > 5
+    pytest.importorskip("onnxruntime")
+    np.testing.assert_array_equal(result["tokens"], result["ort_tokens"])
+
+
+def test_onnx_lora_fine_tunes_the_int4_genai_model_and_onnx_runtime_runs_what_it_wrote(tmp_path):
+    import onnx
+
+    from examples import onnx_lora
+
+    result = onnx_lora.main(["--steps", "30", "--out", str(tmp_path)])
+    assert result["after"] < result["before"] - 0.5, result["before"]  # the held-out windows' loss
+    assert all(k.endswith((".lora_A", ".lora_B")) for k in result["params"])
+    base = onnx.load(str(onnx_lora.DEFAULT_MODEL / "model.onnx"))
+    written = onnx.load(str(tmp_path / "model.onnx"))
+    old = {t.name: onnx.numpy_helper.to_array(t) for t in base.graph.initializer}
+    for t in written.graph.initializer:  # the 4-bit weights and their scales bit for bit as the builder wrote them
+        if t.name in old:
+            np.testing.assert_array_equal(onnx.numpy_helper.to_array(t), old[t.name])
+    assert len(written.graph.node) > len(base.graph.node)
+    pytest.importorskip("onnxruntime")
+    np.testing.assert_allclose(result["ort_logits"], result["logits"], rtol=1e-5,
+                               atol=1e-5 * np.abs(result["logits"]).max())
+    np.testing.assert_array_equal(result["ort_tokens"], result["tokens"])
