@@ -136,8 +136,8 @@ def main(argv: list[str] | None = None) -> dict:
     genai = greedy_genai(args.out, prompt, 12)
     if genai is not None:
         result["genai_tokens"] = genai
-        print(f"  onnxruntime-genai on the written folder: {'the same' if np.array_equal(genai, tokens) else 'DIFFERENT'}"
-              f" tokens")
+        same = np.array_equal(genai, tokens)
+        print(f"  onnxruntime-genai on the written folder: {'the same' if same else 'DIFFERENT'} tokens")
     return result
 
 
