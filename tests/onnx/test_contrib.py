@@ -199,3 +199,58 @@ def test_simplified_layer_normalization_gradient_matches_float64_central_differe
             plus = [a + 1e-6 * d if j == i else a for j, a in enumerate(args)]
             minus = [a - 1e-6 * d if j == i else a for j, a in enumerate(args)]
             np.testing.assert_allclose(float(jnp.sum(g * d)), float((loss(*plus) - loss(*minus)) / 2e-6), rtol=1e-6)
+
+
+def _gather_block_quantized(data, scales, zero_points, attrs, data_type=TensorProto.UINT8):
+    inputs = ["data", "indices", "scales"] + (["zero_points"] if zero_points is not None else [])
+    inits = [numpy_helper.from_array(scales, "scales")]
+    if zero_points is not None:
+        inits.append(numpy_helper.from_array(zero_points, "zero_points"))
+    inits.append(numpy_helper.from_array(data, "data") if data_type == TensorProto.UINT8
+                 else helper.make_tensor("data", data_type, data.shape, data.flatten().tolist()))
+    node = helper.make_node("GatherBlockQuantized", inputs, ["y"], domain="com.microsoft", **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("indices", TensorProto.INT64, [2, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    graph.output[0].type.tensor_type.shape.SetInParent()
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                   helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("form", ["uint8 4-bit", "uint8 4-bit zero points", "uint8 8-bit", "int4",
+                                  "int4 quantize_axis 0 gather_axis 1"])
+def test_gather_block_quantized_gives_onnx_runtimes_rows_and_its_documented_dequantization(form):
+    """GatherBlockQuantized (the 4-bit embedding tables of onnxruntime-genai's releases) against ONNX Runtime's
+    CPU kernel and against the dequantization written out in NumPy (low nibble first; default zero point
+    2^(bits-1) for uint8 tables, 0 for int4)."""
+    rng = np.random.default_rng(7)
+    rows, width, block = 6, 32, 16
+    indices = np.array([[1, 4], [0, 5]], np.int64)
+    scales = rng.uniform(0.1, 1.1, (rows, width // block)).astype(np.float32)
+    spread = np.repeat(scales, block, axis=1)
+    if form.startswith("uint8 4-bit"):
+        q = rng.integers(0, 16, (rows, width)).astype(np.uint8)
+        zero = rng.integers(0, 16, (rows, width // block)).astype(np.uint8) if "zero" in form else None
+        packed_zero = None if zero is None else (zero[:, 0::2] | (zero[:, 1::2] << 4)).astype(np.uint8)
+        model = _gather_block_quantized((q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8), scales, packed_zero,
+                                        {"block_size": block, "bits": 4})
+        table = (q - np.asarray(8 if zero is None else np.repeat(zero, block, axis=1), np.float64)) * spread
+    elif form == "uint8 8-bit":
+        q = rng.integers(0, 256, (rows, width)).astype(np.uint8)
+        model = _gather_block_quantized(q, scales, None, {"block_size": block, "bits": 8})
+        table = (q - 128.0) * spread
+    elif form == "int4":
+        q = rng.integers(-8, 8, (rows, width)).astype(np.int8)
+        model = _gather_block_quantized(q, scales, None, {"block_size": block}, TensorProto.INT4)
+        table = q * spread.astype(np.float64)
+    else:
+        q = rng.integers(-8, 8, (width, rows)).astype(np.int8)
+        scales = rng.uniform(0.1, 1.1, (width // block, rows)).astype(np.float32)
+        model = _gather_block_quantized(q, scales, None, {"block_size": block, "quantize_axis": 0, "gather_axis": 1},
+                                        TensorProto.INT4)
+        table = (q * np.repeat(scales, block, axis=0).astype(np.float64)).T
+    want = np.moveaxis(table[indices], -1, 0) if form.endswith("gather_axis 1") else table[indices]
+    (ort_out,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"indices": indices})
+    (got,) = optkit.onnx.prepare(model).run([indices])
+    np.testing.assert_allclose(ort_out, want, rtol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=1e-6)

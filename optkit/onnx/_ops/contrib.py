@@ -1,11 +1,15 @@
-"""ONNX Runtime's ``com.microsoft`` operators that its transformer optimizer and Optimum's exporter write into
-BERT- and GPT-style graphs: the fused activations ``Gelu``, ``BiasGelu``, ``FastGelu``, ``QuickGelu``, ``BiasAdd``
-and the fused residual normalizations ``SkipLayerNormalization`` and ``SkipSimplifiedLayerNormalization``; and
+"""ONNX Runtime's ``com.microsoft`` operators that its transformer optimizer, Optimum's exporter, its
+quantizers and onnxruntime-genai's model builder write into language-model graphs: the fused activations
+``Gelu``, ``BiasGelu``, ``FastGelu``, ``QuickGelu``, ``BiasAdd``; the fused residual normalizations
+``SkipLayerNormalization`` and ``SkipSimplifiedLayerNormalization``; ``EmbedLayerNormalization``; the fused
+attentions ``Attention``, ``MultiHeadAttention`` and ``GroupQueryAttention`` (with its KV cache) and
+``RotaryEmbedding``; the blockwise-quantized ``MatMulNBits`` and ``GatherBlockQuantized``; and
 ``SimplifiedLayerNormalization`` (RMSNorm), which ONNX Runtime registers in the default domain and
 onnxruntime-genai's model builder writes there.
 
 Formulas from ONNX Runtime's contrib operator documentation (``docs/ContribOperators.md``), each checked against
-ONNX Runtime's CPU kernels (tests/onnx/test_contrib.py): statistics in float32 for 16-bit inputs, the population
+ONNX Runtime 1.32's CPU kernels (tests/onnx/test_contrib.py, test_contrib_attention.py,
+test_group_query_attention.py): statistics in float32 for 16-bit inputs, the population
 variance, the epsilon defaults ONNX Runtime's schemas give (1e-12 for the Skip normalizations).
 """
 
@@ -18,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from optkit.onnx._ops._common import checked_indices
 from optkit.onnx._ops._registry import ELEMENTWISE, Family
 from optkit.onnx._ops.attention import rotary
 
@@ -358,3 +363,318 @@ def _group_query_attention(ctx):
         return out.astype(dtype), present_key.astype(cache_type), present_value.astype(cache_type)
 
     return group_query_attention
+
+
+def _layer_norm(xs, gamma, beta, eps):
+    """LayerNormalization over the last axis (population variance), in ``xs``'s dtype."""
+    mean = jnp.mean(xs, axis=-1, keepdims=True)
+    inv_std = lax.rsqrt(jnp.mean(jnp.square(xs - mean), axis=-1, keepdims=True) + jnp.asarray(eps, xs.dtype))
+    y = (xs - mean) * inv_std * jnp.asarray(gamma).astype(xs.dtype)
+    return y if beta is None else y + jnp.asarray(beta).astype(xs.dtype)
+
+
+@OPS.op("EmbedLayerNormalization", 1)
+def _embed_layer_normalization(ctx):
+    """BERT's embeddings as ONNX Runtime's transformer optimizer fuses them: ``word_embedding[input_ids] +
+    position_embedding[position_ids] (+ segment_embedding[segment_ids])``, ``position_ids`` default ``0..S-1``,
+    then LayerNormalization with gamma and beta (``epsilon`` default 1e-12; statistics in float32 for 16-bit
+    tables). Outputs: the result (batch, S, hidden); ``mask_index``, each row's count of non-zero ``mask``
+    entries (int32, batch; zeros without a mask), what ``Attention`` reads as each sequence's length; and
+    the sum before the normalization."""
+    eps = float(ctx.attrs.get("epsilon", _SKIP_EPSILON))
+
+    def embed_layer_normalization(input_ids, segment_ids, word_embedding, position_embedding,
+                                  segment_embedding=None, gamma=None, beta=None, mask=None, position_ids=None):
+        if gamma is None or beta is None:
+            raise ctx.error("gamma and beta are required")
+        if (segment_ids is None) != (segment_embedding is None):
+            raise ctx.error("segment_ids and segment_embedding must be given together")
+        if jnp.ndim(input_ids) != 2:
+            raise ctx.error(f"input_ids must be (batch, sequence), got {jnp.shape(input_ids)}")
+        batch, length = jnp.shape(input_ids)
+
+        def rows(table, ids, what):
+            return jnp.take(table, checked_indices(ctx, ids, jnp.shape(table)[0], what), axis=0, mode="fill")
+
+        positions = (jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length)) if position_ids is None
+                     else jnp.broadcast_to(jnp.asarray(position_ids), (batch, length)))
+        total = rows(word_embedding, input_ids, "word_embedding") + rows(position_embedding, positions,
+                                                                        "position_embedding")
+        if segment_ids is not None:
+            total = total + rows(segment_embedding, segment_ids, "segment_embedding")
+        stats = _stats_dtype(total)
+        y = _layer_norm(total.astype(stats), gamma, beta, eps).astype(jnp.result_type(word_embedding))
+        mask_index = (jnp.zeros((batch,), jnp.int32) if mask is None
+                      else jnp.sum(jnp.asarray(mask) != 0, axis=1).astype(jnp.int32))
+        return y, mask_index, total
+
+    return embed_layer_normalization
+
+
+@OPS.op("Attention", 1)
+def _contrib_attention(ctx):
+    """BERT- and GPT-style self-attention as ONNX Runtime's transformer optimizer fuses it, following ONNX
+    Runtime 1.32's CPU kernel: ``input @ weights (+ bias)`` split into Q, K, V (``qkv_hidden_sizes``, default
+    three equal parts) of ``num_heads`` heads; ``past`` (2, batch, heads, P, head) before K and V, ``present``
+    the concatenation; scores ``scale * Q K^T`` (default 1/sqrt(head)) plus an additive mask of
+    ``mask_filter_value`` (default -10000) where a key is masked: ``mask_index`` 1-D (batch) each sequence's end
+    (keys at or after it; (2 batch): starts too), 2-D (batch, P+S) or 3-D (batch, S, P+S) a raw 0/1 mask;
+    ``unidirectional`` adds it again to the keys after each query (causal); plus ``attention_bias``. Softmax in
+    float32. Outputs: (batch, S, v hidden) and ``present``."""
+    a = ctx.attrs
+    if "num_heads" not in a:
+        raise ctx.error("the required attribute 'num_heads' is missing")
+    heads, causal = int(a["num_heads"]), bool(a.get("unidirectional", 0))
+    sizes = [int(v) for v in a.get("qkv_hidden_sizes", [])]
+    scale, fill = a.get("scale"), float(a.get("mask_filter_value", -10000.0))
+    for name in ("do_rotary", "past_present_share_buffer"):
+        if int(a.get(name, 0)):
+            raise ctx.unsupported(f"{name}=1 is not run")
+
+    def attention(x, weights, bias=None, mask_index=None, past=None, attention_bias=None,
+                  past_sequence_length=None):
+        if past_sequence_length is not None:
+            raise ctx.unsupported("input 'past_sequence_length' (a shared past/present buffer) is not run")
+        if jnp.ndim(x) != 3 or jnp.ndim(weights) != 2 or jnp.shape(weights)[0] != jnp.shape(x)[2]:
+            raise ctx.error(f"input {jnp.shape(x)} and weights {jnp.shape(weights)} must be (batch, S, in) and "
+                            f"(in, q + k + v hidden)")
+        q_size, k_size, v_size = sizes or [jnp.shape(weights)[1] // 3] * 3
+        if q_size + k_size + v_size != jnp.shape(weights)[1] or q_size != k_size or any(
+                s % heads for s in (q_size, v_size)):
+            raise ctx.error(f"qkv_hidden_sizes {[q_size, k_size, v_size]} do not fit weights {jnp.shape(weights)} "
+                            f"and num_heads={heads}")
+        dtype = jnp.result_type(x)
+        work = jnp.float64 if dtype == jnp.float64 else jnp.float32
+        batch, length, _ = jnp.shape(x)
+        qkv = jnp.matmul(x, weights)
+        if bias is not None:
+            qkv = qkv + bias
+        q, k, v = jnp.split(qkv.astype(work), [q_size, q_size + k_size], axis=2)
+
+        def split_heads(t):
+            return jnp.transpose(jnp.reshape(t, (batch, length, heads, -1)), (0, 2, 1, 3))
+
+        q, k, v = split_heads(q), split_heads(k), split_heads(v)
+        before = 0
+        if past is not None:
+            if jnp.ndim(past) != 5 or jnp.shape(past)[:3] != (2, batch, heads):
+                raise ctx.error(f"past must be (2, batch, num_heads, past length, head), got {jnp.shape(past)}")
+            before = jnp.shape(past)[3]
+            k = jnp.concatenate([jnp.asarray(past[0]).astype(work), k], axis=2)
+            v = jnp.concatenate([jnp.asarray(past[1]).astype(work), v], axis=2)
+        wants_present = len(ctx.outputs) > 1 and bool(ctx.outputs[1])
+        if wants_present and k.shape != v.shape:
+            raise ctx.error(f"a present of keys {k.shape} and values {v.shape} cannot be one tensor: output "
+                            f"'present' needs equal key and value sizes in qkv_hidden_sizes")
+        keys = before + length
+        alpha = scale if scale is not None else 1 / np.sqrt(q_size // heads)
+        scores = jnp.einsum("bnsd,bntd->bnst", q, k) * jnp.asarray(alpha, work)
+        mask = None
+        if mask_index is not None:
+            m = jnp.asarray(mask_index)
+            j = jnp.arange(keys)
+            if m.ndim == 1 and m.shape[0] in (batch, 2 * batch):
+                dropped = j[None, :] >= m[:batch, None]
+                if m.shape[0] == 2 * batch:
+                    dropped |= j[None, :] < jnp.minimum(m[batch:], keys)[:, None]
+                mask = jnp.where(dropped, fill, 0.0)[:, None, :]
+            elif m.ndim in (2, 3) and m.shape[-1] == keys and m.shape[0] == batch:
+                mask = jnp.where(m > 0, 0.0, fill)
+                mask = mask[:, None, :] if m.ndim == 2 else mask
+            else:
+                raise ctx.unsupported(f"mask_index of shape {m.shape}: optkit runs 1-D (batch or 2 batch), 2-D "
+                                      f"(batch, {keys}) and 3-D (batch, {length}, {keys}) masks")
+        if causal:
+            later = jnp.arange(keys)[None, :] > before + jnp.arange(length)[:, None]
+            mask = (0.0 if mask is None else mask) + jnp.where(later, fill, 0.0)[None]
+        if mask is not None:
+            scores = scores + jnp.broadcast_to(mask, (batch, length, keys))[:, None].astype(work)
+        if attention_bias is not None:
+            scores = scores + jnp.asarray(attention_bias).astype(work)
+        probs = jax.nn.softmax(scores, axis=-1)
+        out = jnp.einsum("bnst,bntd->bsnd", probs, v).reshape(batch, length, v_size).astype(dtype)
+        return (out, jnp.stack([k, v]).astype(dtype)) if wants_present else out
+
+    return attention
+
+
+@OPS.op("RotaryEmbedding", 1, table_inputs=(2, 3))
+def _contrib_rotary_embedding(ctx):
+    """ONNX Runtime's rotary embedding (its ``com.microsoft`` operator; ONNX's own has the caches before the
+    positions): ``input`` (batch, S, num_heads * head) or (batch, num_heads, S, head), ``position_ids`` (batch,
+    S) or one offset (shape (1,): positions ``offset + 0..S-1``), ``cos_cache``/``sin_cache`` (max positions,
+    rotary dim / 2); the first rotary dim features of each head rotated in pairs ``(i, i + d/2)`` or, with
+    ``interleaved``, ``(2i, 2i+1)``; the rest as they are."""
+    heads = int(ctx.attrs.get("num_heads", 0))
+    interleaved = bool(ctx.attrs.get("interleaved", 0))
+    if int(ctx.attrs.get("is_packed_batching", 0)):
+        raise ctx.unsupported("is_packed_batching=1 is not run")
+
+    def rotary_embedding(x, position_ids, cos_cache, sin_cache):
+        rank, dim = jnp.ndim(x), 2 * jnp.shape(cos_cache)[-1]
+        if rank == 4:
+            xs = jnp.transpose(x, (0, 2, 1, 3))
+        elif rank == 3:
+            head = dim if heads <= 0 else jnp.shape(x)[2] // heads
+            if jnp.shape(x)[2] % head:
+                raise ctx.error(f"a 3-D input's hidden size {jnp.shape(x)[2]} is not num_heads={heads} heads")
+            xs = jnp.reshape(x, (*jnp.shape(x)[:2], -1, head))
+        else:
+            raise ctx.error(f"input must be 3-D or 4-D, got {jnp.shape(x)}")
+        batch, length = xs.shape[:2]
+        if dim > xs.shape[3]:
+            raise ctx.error(f"cos_cache's last dimension {dim // 2} is more than half the head size {xs.shape[3]}")
+        p = jnp.asarray(position_ids)
+        positions = (p.reshape(()) + jnp.arange(length))[None] if p.size == 1 and p.ndim <= 1 else p
+        positions = jnp.broadcast_to(positions, (batch, length))
+        cos = jnp.take(cos_cache, checked_indices(ctx, positions, jnp.shape(cos_cache)[0], "cos_cache"), axis=0,
+                       mode="fill")[:, :, None, :]
+        sin = jnp.take(sin_cache, checked_indices(ctx, positions, jnp.shape(sin_cache)[0], "sin_cache"), axis=0,
+                       mode="fill")[:, :, None, :]
+        out = rotary(xs, cos, sin, interleaved).astype(jnp.result_type(x))
+        return jnp.reshape(out, jnp.shape(x)) if rank == 3 else jnp.transpose(out, (0, 2, 1, 3))
+
+    return rotary_embedding
+
+
+@OPS.op("MultiHeadAttention", 1)
+def _multi_head_attention(ctx):
+    """Multi-head attention on projected inputs as ONNX Runtime's optimizers and Optimum write it (decoders,
+    T5, Whisper), following ONNX Runtime 1.32's CPU kernel. ``query`` (batch, S, hidden) with ``key`` (batch, L,
+    hidden) and ``value`` (batch, L, v hidden), or ``key``/``value`` already split into heads (batch, heads, L,
+    head: a cross-attention cache, used as they are); the packed QKV and KV forms, which ONNX Runtime runs on GPUs
+    only, are refused. ``bias`` (hidden + hidden + v hidden) is added to the projections given as 3-D;
+    ``past_key``/``past_value`` (batch, heads, P, head) go before K and V (``present_key``/``present_value``).
+    Scores ``scale * Q K^T`` (default 1/sqrt(head)) plus ``attention_bias`` plus ``mask_filter_value`` (default
+    -10000) where ``key_padding_mask`` (batch, P+L) is 0, or at and after each sequence's length (batch), and
+    after each query with ``unidirectional``; softmax in float32."""
+    a = ctx.attrs
+    if "num_heads" not in a:
+        raise ctx.error("the required attribute 'num_heads' is missing")
+    heads, causal = int(a["num_heads"]), bool(a.get("unidirectional", 0))
+    scale, fill = a.get("scale"), float(a.get("mask_filter_value", -10000.0))
+
+    def multi_head_attention(query, key=None, value=None, bias=None, key_padding_mask=None, attention_bias=None,
+                             past_key=None, past_value=None, past_sequence_length=None, cache_indirection=None):
+        for given, name in ((past_sequence_length, "past_sequence_length"), (cache_indirection, "cache_indirection")):
+            if given is not None:
+                raise ctx.unsupported(f"input {name!r} (beam search's shared buffers) is not run")
+        dtype = jnp.result_type(query)
+        work = jnp.float64 if dtype == jnp.float64 else jnp.float32
+        batch, length = jnp.shape(query)[:2]
+
+        def heads_first(t):  # (batch, n, heads * head) -> (batch, heads, n, head)
+            return jnp.transpose(jnp.reshape(t, (batch, jnp.shape(t)[1], heads, -1)), (0, 2, 1, 3))
+
+        if jnp.ndim(query) != 3 or key is None or value is None or jnp.ndim(key) not in (3, 4):
+            raise ctx.unsupported(f"query {jnp.shape(query)}, key {None if key is None else jnp.shape(key)} and value "
+                                  f"{None if value is None else jnp.shape(value)}: optkit runs a 3-D query with 3-D "
+                                  f"or (batch, heads, L, head) key and value, as ONNX Runtime's CPU kernel does "
+                                  f"(packed QKV and KV are GPU forms)")
+        parts = [None, None, None]
+        if bias is not None:
+            q_size, k_size = jnp.shape(query)[2], jnp.shape(query)[2]
+            if jnp.shape(bias)[0] <= q_size + k_size:
+                raise ctx.error(f"bias of {jnp.shape(bias)[0]} does not hold the query, key and value biases")
+            parts = jnp.split(jnp.asarray(bias), [q_size, q_size + k_size])
+        q = heads_first(query if parts[0] is None else query + parts[0])
+        if jnp.ndim(key) == 4:  # already (batch, heads, L, head): a cross-attention cache, used as it is
+            k, v = key, value
+        else:
+            k = heads_first(key if parts[1] is None else key + parts[1])
+            v = heads_first(value if parts[2] is None else value + parts[2])
+        q, k, v = (jnp.asarray(t).astype(work) for t in (q, k, v))
+        before = 0
+        if (past_key is None) != (past_value is None):
+            raise ctx.error("past_key and past_value must be given together")
+        if past_key is not None:
+            before = jnp.shape(past_key)[2]
+            k = jnp.concatenate([jnp.asarray(past_key).astype(work), k], axis=2)
+            v = jnp.concatenate([jnp.asarray(past_value).astype(work), v], axis=2)
+        keys = k.shape[2]
+        alpha = scale if scale is not None else 1 / np.sqrt(q.shape[3])
+        scores = jnp.einsum("bnsd,bntd->bnst", q, k) * jnp.asarray(alpha, work)
+        mask = None
+        if key_padding_mask is not None:
+            m = jnp.asarray(key_padding_mask)
+            j = jnp.arange(keys)
+            if m.ndim == 1 and m.shape[0] == batch:
+                mask = jnp.where(j[None, :] >= m[:, None], fill, 0.0)[:, None, :]
+            elif m.ndim == 2 and m.shape == (batch, keys):
+                mask = jnp.where(m > 0, 0.0, fill)[:, None, :]
+            elif m.ndim == 3 and m.shape == (batch, length, keys):
+                mask = jnp.where(m > 0, 0.0, fill)
+            else:
+                raise ctx.unsupported(f"key_padding_mask of shape {m.shape}: optkit runs (batch), (batch, {keys}) "
+                                      f"and (batch, {length}, {keys})")
+        if causal:
+            later = jnp.arange(keys)[None, :] > before + jnp.arange(length)[:, None]
+            mask = (0.0 if mask is None else mask) + jnp.where(later, fill, 0.0)[None]
+        if mask is not None:
+            scores = scores + jnp.broadcast_to(mask, (batch, length, keys))[:, None].astype(work)
+        if attention_bias is not None:
+            scores = scores + jnp.asarray(attention_bias).astype(work)
+        probs = jax.nn.softmax(scores, axis=-1)
+        out = jnp.einsum("bnst,bntd->bsnd", probs, v)
+        out = jnp.reshape(out, (batch, length, -1)).astype(dtype)
+        return out, k.astype(dtype), v.astype(dtype)
+
+    return multi_head_attention
+
+
+@OPS.op("GatherBlockQuantized", 1)
+def _gather_block_quantized(ctx):
+    """Rows of a blockwise-quantized table (the 4-bit embeddings of onnxruntime-genai's releases): ``data``
+    (uint8 holding ``bits``-bit values, two 4-bit ones per byte low nibble first along the last axis, or int4 /
+    uint4), ``scales`` and optional ``zero_points`` (packed as ``data``) per block of ``block_size`` along
+    ``quantize_axis``; the rows at ``indices`` along ``gather_axis`` dequantized, ``(q - zero_point) * scale``
+    (default zero point 2^(bits-1) for uint8 data, 0 for int4/uint4). The rows are gathered before they are
+    dequantized: the table stays packed."""
+    bits, block = int(ctx.attrs.get("bits", 4)), int(ctx.attrs.get("block_size", 128))
+    if bits not in (4, 8):
+        raise ctx.unsupported(f"bits={bits}: optkit runs 4- and 8-bit tables")
+    if block < 16 or block & (block - 1):
+        raise ctx.error(f"block_size must be a power of 2 and at least 16, got {block}")
+
+    def unpack(values):  # uint8 bytes -> 4-bit values along the last axis
+        values = jnp.asarray(values)
+        both = jnp.stack([values & 0x0F, values >> 4], axis=-1)
+        return both.reshape(*values.shape[:-1], 2 * values.shape[-1])
+
+    def gather_block_quantized(data, indices, scales, zero_points=None):
+        kind = np.dtype(jnp.result_type(data))
+        rank = jnp.ndim(data)
+        qa = int(ctx.attrs.get("quantize_axis", 1)) % rank
+        ga = int(ctx.attrs.get("gather_axis", 0)) % rank
+        if kind == np.uint8:
+            if bits == 4 and qa != rank - 1:
+                raise ctx.unsupported("a uint8 table of 4-bit values is packed along its last axis: quantize_axis "
+                                      "must be the last")
+            q = unpack(data) if bits == 4 else jnp.asarray(data)
+            z = (jnp.asarray(2 ** (bits - 1)) if zero_points is None else
+                 (unpack(zero_points) if bits == 4 else jnp.asarray(zero_points)))
+        elif kind in (np.dtype(jnp.int4), np.dtype(jnp.uint4)):
+            q, z = jnp.asarray(data), (jnp.asarray(0) if zero_points is None else jnp.asarray(zero_points))
+        else:
+            raise ctx.error(f"data must be uint8, int4 or uint4, got {kind}")
+        if ga == qa:
+            raise ctx.unsupported("gather_axis equal to quantize_axis is not run")
+        blocks = -(-q.shape[qa] // block)
+        if jnp.shape(scales)[qa] != blocks:
+            raise ctx.error(f"scales {jnp.shape(scales)} must have {blocks} blocks of {block} along axis {qa}")
+        picked = checked_indices(ctx, indices, q.shape[ga], "data")
+        q = jnp.take(q, picked, axis=ga, mode="fill").astype(jnp.result_type(scales))
+        s = jnp.take(scales, picked, axis=ga, mode="fill")
+        if jnp.ndim(z):
+            z = jnp.take(z, picked, axis=ga, mode="fill")
+        axis = qa if qa < ga else qa + jnp.ndim(indices) - 1  # where the blocks' axis went after the gather
+
+        def spread(t):  # one value per block -> one per element along that axis
+            if not jnp.ndim(t):
+                return t
+            t = jnp.repeat(t, block, axis=axis)
+            return jax.lax.slice_in_dim(t, 0, q.shape[axis], axis=axis)
+
+        return (q - spread(z).astype(q.dtype)) * spread(s)
+
+    return gather_block_quantized
