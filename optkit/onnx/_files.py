@@ -9,7 +9,7 @@ import hashlib
 import logging
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import google.protobuf.message
@@ -84,8 +84,7 @@ def load_model(model: ModelSource, *, base_dir: str | os.PathLike[str] | None = 
       ...
       ValueError: malformed ONNX model bytes: ...
     """
-    proto, origin = read_model(model, base_dir, Limits.make(max_tensor_bytes))
-    check_model(proto, origin)
+    proto, origin = read_model(model, base_dir, Limits.make(max_tensor_bytes), check=check_model)
     digest = _digest(proto)
     if digest is not None:
         _CHECKED[digest] = None
@@ -96,6 +95,8 @@ def load_model(model: ModelSource, *, base_dir: str | os.PathLike[str] | None = 
 
 def _digest(proto: onnx.ModelProto) -> bytes | None:
     """A digest of the serialized model (None above protobuf's 2 GiB)."""
+    if sum(_declared_bytes(t) for _, t, _ in tensors_of(proto)) >= 2**31:  # (ByteSize itself refuses such a model)
+        return None
     try:
         return hashlib.blake2b(proto.SerializeToString(), digest_size=20).digest()
     except (ValueError, google.protobuf.message.EncodeError):
@@ -113,10 +114,11 @@ def check_once(proto: onnx.ModelProto, origin: str, given: Any) -> None:
     check_model(proto, origin)
 
 
-def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None,
-               limits: Limits) -> tuple[onnx.ModelProto, str]:
-    """The model read as :func:`load_model` reads it, before ``onnx.checker``: ``(proto, origin)``, origin
-    naming where it came from in messages."""
+def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None, limits: Limits,
+               check: Callable[[onnx.ModelProto, str], None] | None = None) -> tuple[onnx.ModelProto, str]:
+    """The model read as :func:`load_model` reads it: ``(proto, origin)``, origin naming where it came from in
+    messages. ``check(proto, origin)`` (``onnx.checker``) runs on the model before its external data is read
+    into it: the checker serializes what it checks, and protobuf refuses a message over 2 GiB."""
     directory: str | None = None
     if isinstance(model, onnx.ModelProto):
         proto, origin = model, "the ModelProto"
@@ -148,6 +150,8 @@ def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None,
         if not os.path.isdir(directory):
             raise ValueError(f"base_dir {directory!r} is not a directory")
     _check_tensors(proto, limits.max_tensor_bytes)
+    if check is not None:
+        check(proto, origin)
     return _load_external_data(proto, directory, origin), origin
 
 
@@ -163,9 +167,15 @@ def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
 
 
 def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """``proto``, or a copy with ONNX Runtime's default-domain extensions moved to a domain of their own."""
+    """``proto``, or a copy that ``onnx.checker`` can check: ONNX Runtime's default-domain extensions moved to a
+    domain of their own, and each dense tensor whose data is still external replaced by a one-element stand-in of
+    its type and rank (the checker would look for the data file in the working directory, and a model whose data
+    is read in could exceed protobuf's 2 GiB; :func:`read_model` checks the data's location and size itself)."""
     def ours(node: onnx.NodeProto) -> bool:
         return node.domain in ("", "ai.onnx") and node.op_type in ORT_DEFAULT_DOMAIN_OPS
+
+    def external(p: onnx.ModelProto) -> list[onnx.TensorProto]:
+        return [t for _, t, dense in tensors_of(p) if dense is None and t.data_location == onnx.TensorProto.EXTERNAL]
 
     stack = [proto.graph, *proto.functions]
     found = False
@@ -174,10 +184,19 @@ def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
         for node in graph.node:
             found = found or ours(node)
             stack.extend(_subgraphs(node))
-    if not found:
+    if not found and not external(proto):
         return proto
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)
+    for tensor in external(copy):
+        rank = len(tensor.dims)
+        del tensor.external_data[:], tensor.dims[:]
+        tensor.data_location = onnx.TensorProto.DEFAULT
+        tensor.dims.extend([1] * rank)
+        tensor.raw_data = b"\0" * max(1, -(-storage_bits(DTYPES[tensor.data_type]) // 8)
+                                      if tensor.data_type in DTYPES else 1)
+    if not found:
+        return copy
     stack = [copy.graph, *copy.functions]
     while stack:
         graph = stack.pop()

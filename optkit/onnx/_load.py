@@ -2,7 +2,7 @@
 
 1. :func:`~optkit.onnx._files.read_model`: the file read (bounded), every
    tensor it brings held to the bounds, external data read from the model's
-   own directory only;
+   own directory only, after steps 2 and 3 (a model over protobuf's 2 GiB is checked without its data);
 2. :func:`~optkit.onnx._operators.check_operators`: every operator version
    looked up once in the op table; all the ones optkit does not run named
    in one error, before the checker's pass over a large model;
@@ -59,10 +59,15 @@ def load(model: ModelSource, limits: Limits, base_dir: str | os.PathLike[str] | 
     ``lora``: then add its adapters (:func:`~optkit.onnx._lora.add_adapters`, ``A`` drawn from ``lora_key``);
     their names are ``Converted.adapters``."""
     times = [time.perf_counter()]
-    proto, origin = read_model(model, base_dir, limits)
+    found = []
+
+    def check(proto: Any, origin: str) -> None:  # before external data is read: the checker serializes the model
+        found.append(check_operators(proto))
+        check_once(proto, origin, model)
+
+    proto, origin = read_model(model, base_dir, limits, check=check)
+    operators = found[0]
     times.append(time.perf_counter())
-    operators = check_operators(proto)
-    check_once(proto, origin, model)
     if untie:
         proto = untie_copies(proto, deduplicated(proto) if untie is True else untie)
     adapters: tuple[str, ...] = ()
