@@ -150,6 +150,7 @@ def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None, limi
         if not os.path.isdir(directory):
             raise ValueError(f"base_dir {directory!r} is not a directory")
     _check_tensors(proto, limits.max_tensor_bytes)
+    proto = _sorted(proto, origin)
     if check is not None:
         check(proto, origin)
     return _load_external_data(proto, directory, origin), origin
@@ -164,6 +165,80 @@ _ORT_CHECK_DOMAIN = "optkit.ort_default_domain"
 
 def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
+
+
+def _reads(node: onnx.NodeProto) -> list[str]:
+    """The names a node reads: its inputs and what its sub-graphs (nested) read."""
+    names = [i for i in node.input if i]
+    graphs = _subgraphs(node)
+    while graphs:
+        graph = graphs.pop()
+        for inner in graph.node:
+            names += [i for i in inner.input if i]
+            graphs += _subgraphs(inner)
+    return names
+
+
+def _topological_order(graph: onnx.GraphProto) -> list[int] | None:
+    """The graph's node indices in an order where each node comes after the nodes whose outputs it reads
+    (Kahn's algorithm, the file's order kept among nodes that are ready together; linear in nodes and edges);
+    None when the nodes are in such an order already, or when no order exists (a cycle: the checker names it)."""
+    import heapq
+
+    producer = {out: index for index, node in enumerate(graph.node) for out in node.output if out}
+    needs = [{producer[name] for name in _reads(node) if producer.get(name, index) != index}
+             for index, node in enumerate(graph.node)]
+    if all(max(n, default=-1) < index for index, n in enumerate(needs)):
+        return None
+    readers: list[list[int]] = [[] for _ in graph.node]
+    waiting = [len(n) for n in needs]
+    for index, n in enumerate(needs):
+        for p in n:
+            readers[p].append(index)
+    ready = [index for index, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        index = heapq.heappop(ready)
+        order.append(index)
+        for reader in readers[index]:
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                heapq.heappush(ready, reader)
+    return order if len(order) == len(graph.node) else None
+
+
+def _sorted(proto: onnx.ModelProto, origin: str) -> onnx.ModelProto:
+    """``proto``, or a copy whose graphs (sub-graphs included) list their nodes in topological order, as ONNX
+    Runtime sorts them before it runs a model (ONNX Runtime's float16 converter appends its input Casts at the
+    end of the graph; ``onnx.checker`` refuses that order)."""
+    def graphs(p: onnx.ModelProto) -> Iterator[onnx.GraphProto]:
+        stack = [p.graph, *p.functions]
+        while stack:
+            graph = stack.pop()
+            yield graph
+            for node in graph.node:
+                stack.extend(_subgraphs(node))
+
+    if all(_topological_order(g) is None for g in graphs(proto)):
+        return proto
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)  # the caller's ModelProto is never modified
+    moved = 0
+    for graph in graphs(copy):
+        order = _topological_order(graph)
+        if order is None:
+            continue
+        nodes = [graph.node[i] for i in order]
+        moved += len(nodes)
+        reordered = [onnx.NodeProto() for _ in nodes]
+        for new, node in zip(reordered, nodes):
+            new.CopyFrom(node)
+        del graph.node[:]
+        graph.node.extend(reordered)
+    _log.info("%s lists its nodes out of topological order; sorted them (%d nodes), as ONNX Runtime does", origin,
+              moved)
+    return copy
 
 
 def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:

@@ -80,3 +80,43 @@ def test_the_optimized_berts_gradient_matches_central_differences_and_it_trains(
         params, state, value = step(params, state)
         losses.append(float(value))
     assert losses[-1] < losses[0], losses
+
+
+def test_ort_float16_converters_out_of_order_graph_is_sorted_as_onnx_runtime_sorts_it():
+    """ONNX Runtime's float16 converter (keep_io_types) appends the input's Cast at the end of the graph:
+    onnx.checker refuses that order, ONNX Runtime sorts the nodes, and so does optkit (on a copy)."""
+    path = OPTIMIZED / "ort_fp16_mlp.onnx"
+    model = onnx.load(str(path))
+    with pytest.raises(onnx.checker.ValidationError, match="topologically sorted"):
+        onnx.checker.check_model(model)
+    before = model.SerializeToString()
+    data = np.load(OPTIMIZED / "ort_fp16_mlp.npz")
+    (got,) = optkit.onnx.prepare(model).run([data["input"]])
+    assert model.SerializeToString() == before  # the caller's model is not modified
+    want = data["output"].astype(np.float32)
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=0, atol=2 * 2.0 ** -10 * np.abs(want).max())
+    assert [n.op_type for n in optkit.onnx.load_model(str(path)).graph.node][0] == "Cast"
+
+
+def test_nodes_out_of_order_inside_a_branch_are_sorted_and_a_cycle_is_still_refused():
+    from onnx import TensorProto, helper
+
+    then = helper.make_graph([helper.make_node("Mul", ["t", "x"], ["y"]), helper.make_node("Add", ["x", "x"], ["t"])],
+                             "then", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "else", [],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    nodes = [helper.make_node("If", ["c"], ["out"], then_branch=then, else_branch=other),
+             helper.make_node("Greater", ["s", "zero"], ["c"])]  # the If before its condition too
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                                           helper.make_tensor_value_info("s", TensorProto.FLOAT, [])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2])],
+                              [onnx.numpy_helper.from_array(np.float32(0), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.array([1.0, -2.0], np.float32)
+    rep = optkit.onnx.prepare(model)
+    np.testing.assert_array_equal(rep.run([x, np.float32(1)])[0], 2 * x * x)
+    np.testing.assert_array_equal(rep.run([x, np.float32(-1)])[0], -x)
+    cycle = helper.make_graph([helper.make_node("Neg", ["b"], ["a"]), helper.make_node("Neg", ["a"], ["b"])], "c",
+                              [], [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1])])
+    with pytest.raises(ValueError, match="topologically sorted"):
+        optkit.onnx.prepare(helper.make_model(cycle, opset_imports=[helper.make_opsetid("", 17)]))

@@ -6,7 +6,10 @@ TorchScript exporter at opset 17 with ``input_ids``, ``attention_mask`` and ``to
 ``Attention``, ``SkipLayerNormalization`` and ``BiasGelu`` (``optimized/ort_optimized_bert.onnx``), and that
 model converted to float16 by the optimizer's ``convert_float_to_float16(keep_io_types=True)``
 (``optimized/ort_optimized_bert_fp16.onnx``). ``<name>.npz`` holds a padded batch and ONNX Runtime's output on
-it; ``versions.json`` the versions. The optimizer imports torch, which optkit does not depend on: make the files
+it; ``versions.json`` the versions. The converter alone, ``onnxruntime.transformers.float16``'s
+``convert_float_to_float16(keep_io_types=True)``, turns the torch.onnx (dynamo) MLP export into
+``optimized/ort_fp16_mlp.onnx``: it appends the Casts of the float32 input at the end of the graph, an order
+that ``onnx.checker`` refuses and ONNX Runtime sorts. The optimizer imports torch, which optkit does not depend on: make the files
 in an environment with torch, transformers and onnxruntime::
 
     python tests/onnx/models/make_optimized.py
@@ -67,6 +70,14 @@ def main() -> None:
         onnx.save(optimized.model, str(OUT / "ort_optimized_bert.onnx"))
         optimized.convert_float_to_float16(keep_io_types=True)
         onnx.save(optimized.model, str(OUT / "ort_optimized_bert_fp16.onnx"))
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    mlp = convert_float_to_float16(onnx.load(str(HERE / "torch_dynamo_mlp.onnx")), keep_io_types=True)
+    onnx.save(mlp, str(OUT / "ort_fp16_mlp.onnx"))
+    x = rng.normal(size=(4, 64)).astype(np.float32)
+    session = onnxruntime.InferenceSession(str(OUT / "ort_fp16_mlp.onnx"), providers=["CPUExecutionProvider"])
+    np.savez(OUT / "ort_fp16_mlp.npz", input=x, output=session.run(None, {mlp.graph.input[0].name: x})[0])
+    made["ort_fp16_mlp"] = [n.op_type for n in mlp.graph.node]
     for name in ("ort_optimized_bert", "ort_optimized_bert_fp16"):
         path = OUT / f"{name}.onnx"
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
