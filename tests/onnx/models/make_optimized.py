@@ -9,8 +9,8 @@ model converted to float16 by the optimizer's ``convert_float_to_float16(keep_io
 it; ``versions.json`` the versions. The converter alone, ``onnxruntime.transformers.float16``'s
 ``convert_float_to_float16(keep_io_types=True)``, turns the torch.onnx (dynamo) MLP export into
 ``optimized/ort_fp16_mlp.onnx``: it appends the Casts of the float32 input at the end of the graph, an order
-that ``onnx.checker`` refuses and ONNX Runtime sorts. The optimizer imports torch, which optkit does not depend on: make the files
-in an environment with torch, transformers and onnxruntime::
+that ``onnx.checker`` refuses and ONNX Runtime sorts. The optimizer imports torch, which optkit does not depend
+on: make the files in an environment with torch, transformers and onnxruntime::
 
     python tests/onnx/models/make_optimized.py
 """
