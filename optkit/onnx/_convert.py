@@ -46,7 +46,8 @@ class Converted:
       inputs: the graph inputs in ``graph.input`` order.
       outputs: the graph output names in ``graph.output`` order.
       static_inputs: graph inputs whose values XLA needs before running (a
-        ``Reshape`` shape fed as an input...); a runner compiles once per value.
+        ``Reshape`` shape fed as an input...), and those an ``If`` takes as its condition (chosen before running
+        when fed a concrete value); a runner compiles once per value.
       captures: for a sub-graph, the names of enclosing graphs it reads (graph
         inputs of ``graph`` that its node feeds); empty for a model's graph.
       model: the checked ``ModelProto`` as it was read (set by the pipeline; None for a sub-graph).
@@ -122,6 +123,8 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     graph.validate()
     names = {info.name for info in declared.inputs}
     static = static_inputs(g.node, specs, names | set(declared.initializers), scope.budget)
+    static |= frozenset(node.input[i] for index, node in enumerate(g.node) for i in specs[index].static_when_fed
+                        if i < len(node.input)) & names
     return Converted(graph, declared.inputs, declared.outputs, static & names, tuple(captured),
                      static_initializers=static & set(declared.initializers),
                      table_initializers=frozenset(node.input[i] for index, node in enumerate(g.node)

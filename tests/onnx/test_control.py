@@ -196,3 +196,42 @@ def test_sub_graphs_nested_deeper_than_the_bound_are_refused_without_recursion_e
         optkit.onnx.prepare(_nested_ifs(20))  # (protobuf itself parses at most about 30)
     with pytest.raises(ValueError, match=r"sub-graphs nest more than 8 deep"):
         optkit.onnx.prepare(_nested_ifs(9))
+
+
+def _merged_decoder():
+    """The pattern of Optimum's merged decoders: ``If(use_cache_branch)`` whose branches give presents of different
+    lengths (the past concatenated, or none), the condition a graph input."""
+    from onnx import TensorProto, helper
+
+    def branch(node, name):
+        graph = helper.make_graph([node], name, [], [helper.make_tensor_value_info("present", TensorProto.FLOAT,
+                                                                                     None)])
+        graph.output[0].type.tensor_type.shape.SetInParent()
+        return graph
+
+    nodes = [helper.make_node("If", ["use_cache_branch"], ["present"],
+                              then_branch=branch(helper.make_node("Concat", ["past", "x"], ["present"], axis=1),
+                                                 "with_cache"),
+                              else_branch=branch(helper.make_node("Identity", ["x"], ["present"]), "no_cache")),
+             helper.make_node("ReduceSum", ["present"], ["y"], keepdims=0)]
+    graph = helper.make_graph(nodes, "merged", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                                                helper.make_tensor_value_info("past", TensorProto.FLOAT, [2, "p"]),
+                                                helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL,
+                                                                              [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_if_on_a_fed_condition_with_branches_of_different_shapes_runs_in_to_jax_and_prepare():
+    """A condition fed as a concrete value is chosen before running (one compile per value), so branches whose
+    outputs differ in shape run under to_jax, jax.jit around it and prepare; fed a traced value, it stays a
+    lax.cond, which needs equal shapes and says so."""
+    x, past = np.ones((2, 3), np.float32), np.full((2, 4), 2, np.float32)
+    model = _merged_decoder()
+    apply_fn, params = optkit.onnx.to_jax(model)
+    assert float(apply_fn(params, x, past, np.array([True]))) == 6 + 16
+    assert float(apply_fn(params, x, past, np.array([False]))) == 6
+    assert float(jax.jit(lambda a, b: apply_fn(params, a, b, np.array([True])))(x, past)) == 22
+    assert float(optkit.onnx.prepare(model).run([x, past, np.array([False])])[0]) == 6
+    with pytest.raises(ValueError, match="same shapes"):  # (a ValueDependentError)
+        jax.jit(lambda c: apply_fn(params, x, past, c))(np.array([True]))

@@ -195,6 +195,9 @@ class OpSpec:
         the inputs (``Shape``: shapes are static in XLA).
       table_inputs: positions of inputs that hold tables rather than weights (a rotary embedding's
         ``cos_cache`` and ``sin_cache``): an initializer read there is not trained by default.
+      static_when_fed: positions of inputs that, read straight from a graph input, are taken as static when
+        that input is fed a concrete value (an ``If``'s condition: the branch is chosen before running, so
+        branches of different shapes run; fed a traced value, the input stays dynamic).
       layout: its part in the channels-last plan (:class:`Layout`), or None.
       fusion: how it runs fused with the node it reads (:class:`Fusion`), or None.
     """
@@ -209,6 +212,7 @@ class OpSpec:
     layout: Layout | None = None
     fusion: Fusion | None = None
     table_inputs: tuple[int, ...] = ()
+    static_when_fed: tuple[int, ...] = ()
 
     def builder(self, ctx: NodeContext) -> Callable[..., Any] | GradientRequest:
         """The node's function (or Gradient request): ``build(ctx, *params)``."""
@@ -229,17 +233,18 @@ class Family:
 
     def op(self, op_type: str, *since_versions: int, params: Sequence[Any] = (), static_inputs: Sequence[int] = (),
            static_outputs: bool = False, layout: Layout | None = None,
-           fusion: Fusion | None = None, table_inputs: Sequence[int] = ()) -> Callable[[Builder], Builder]:
+           fusion: Fusion | None = None, table_inputs: Sequence[int] = (),
+           static_when_fed: Sequence[int] = ()) -> Callable[[Builder], Builder]:
         """Decorator: register ``build`` for ``op_type`` at each of ``since_versions``; stackable. ``layout``:
         its part in the channels-last plan (:class:`Layout`); ``fusion``: its fusion with the node it reads
-        (:class:`Fusion`); ``table_inputs``: the inputs that hold tables, not weights (:class:`OpSpec`)."""
+        (:class:`Fusion`); ``table_inputs``, ``static_when_fed``: see :class:`OpSpec`."""
         if not since_versions:
             raise ValueError(f"{self.name}.op({op_type!r}): give at least one since_version")
 
         def register(build: Builder) -> Builder:
             self.specs.append(OpSpec(op_type, tuple(int(v) for v in since_versions), build, self.domain,
                                      tuple(params), tuple(static_inputs), static_outputs, layout, fusion,
-                                     tuple(table_inputs)))
+                                     tuple(table_inputs), tuple(static_when_fed)))
             return build
 
         return register

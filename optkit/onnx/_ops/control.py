@@ -78,7 +78,7 @@ def _carried(ctx, out, carry, what):
 # ----------------------------------------------------------------------------- If
 
 
-@OPS.op("If", 1, 11, 13, 16, 19, 21, 23, 24, 25)
+@OPS.op("If", 1, 11, 13, 16, 19, 21, 23, 24, 25, static_when_fed=(0,))
 def _if(ctx):
     then_body, else_body = ctx.convert_subgraph("then_branch"), ctx.convert_subgraph("else_branch")
     if len(then_body.outputs) != len(else_body.outputs):
