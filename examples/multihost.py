@@ -31,13 +31,18 @@ dead or stalled worker never leaves processes behind.
 With ``--onnx`` the model is instead the MLP that torch.onnx exported
 (``tests/onnx/models/torch_torchscript_mlp.onnx``, 64-32-10), made a JAX function by
 :func:`optkit.onnx.to_jax`: data parallel, its parameters replicated and the
-batch split over all 8 devices of both processes.
+batch split over all 8 devices of both processes. With ``--zero1`` the optimizer
+state is split over the ``data`` axis as well (ZeRO stage 1,
+:func:`optkit.state_sharding`): with replicated parameters each device then holds
+a fraction of Adam's moments instead of all of them, and the step's pinned output
+shardings keep it so; the checkpoint restores onto the other mesh the same way.
 
 Run from the repository root (about 30 s on 2 CPU cores)::
 
     python examples/multihost.py
     python examples/multihost.py --steps 20 --out /tmp/multihost
     python examples/multihost.py --onnx       # the exported ONNX model, data parallel
+    python examples/multihost.py --onnx --zero1   # ... with the optimizer state split over data
 """
 
 from __future__ import annotations
@@ -81,6 +86,9 @@ def parse_args(argv=None):
     parser.add_argument("--onnx", action="store_true",
                         help=f"train the exported ONNX MLP ({os.path.relpath(ONNX_MODEL, ROOT)}) through "
                              "optkit.onnx.to_jax, data parallel, instead of the sharded MLP")
+    parser.add_argument("--zero1", action="store_true",
+                        help="split the optimizer state over the data axis (ZeRO-1: optkit.state_sharding) "
+                             "instead of sharding it like the parameters")
     parser.add_argument("--verbose", action="store_true",
                         help="show the collectives library's connection lines ([Gloo] ...) too")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
@@ -287,6 +295,8 @@ def worker(args) -> None:
     from jax.sharding import PartitionSpec as P
     from tqdm import tqdm
 
+    import optkit
+
     me = jax.process_index()
     main = me == 0
     out = os.path.abspath(args.out)
@@ -314,11 +324,14 @@ def worker(args) -> None:
     if main:
         print(f"{jax.process_count()} processes, {len(jax.devices())} devices, mesh {dict(mesh.shape)}; "
               f"the model axis spans processes {sorted({d.process_index for d in mesh.devices[0]})}; "
-              + (f"the exported {os.path.basename(ONNX_MODEL)}, data parallel" if args.onnx else "an MLP"))
+              + (f"the exported {os.path.basename(ONNX_MODEL)}, data parallel" if args.onnx else "an MLP")
+              + ("; optimizer state split over data (ZeRO-1)" if args.zero1 else ""))
     for name in OPTIMIZERS:
         tx = make_optimizer(name)
         params = {k: global_array(v, param_shardings[k]) for k, v in start.items()}
         state = jax.jit(tx.init)(params)
+        if args.zero1:  # ZeRO-1: each state leaf split over "data" too, where a dimension allows it
+            state = jax.jit(lambda s: s, out_shardings=optkit.state_sharding(state, mesh, "data"))(state)
         shardings = jax.tree.map(lambda a: a.sharding, (params, state))
         step = make_step(tx, objective, out_shardings=(*shardings, replicated))
         losses[name] = []

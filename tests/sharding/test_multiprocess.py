@@ -142,16 +142,24 @@ def test_two_processes_train_checkpoint_and_restore(tmp_path):
     assert losses["adam"][-1] < losses["adam"][0]
 
 
-def test_two_processes_train_an_exported_onnx_model_data_parallel(tmp_path):
-    result, _ = _launch(tmp_path, "--onnx")
+def test_two_processes_train_an_exported_onnx_model_data_parallel_with_the_state_split_over_data(tmp_path):
+    """The exported MLP data parallel over both processes' 8 devices, its optimizer state split over ``data``
+    (ZeRO-1, ``--zero1``): the same parameters as one device, the checkpoint restored onto another mesh and onto
+    one device, the parameters replicated and each state leaf that a dimension allows split over ``data``."""
+    result, _ = _launch(tmp_path, "--onnx", "--zero1")
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-10000:]
-    assert "torch_torchscript_mlp.onnx, data parallel" in result.stdout
+    assert "torch_torchscript_mlp.onnx, data parallel; optimizer state split over data (ZeRO-1)" in result.stdout
+    assert "restored bit for bit onto mesh" in result.stdout
     assert not _leftovers(str(tmp_path))
     for name in multihost.OPTIMIZERS:
         _check_equal_one_device(tmp_path, name, onnx=True)
         _check_restores_on_one_device(tmp_path, name, onnx=True)
         specs = json.loads((tmp_path / f"shardings_{name}.json").read_text())
-        assert all(all(e is None for e in spec) for spec in specs.values()), specs  # replicated
+        params = {k: v for k, v in specs.items() if k.startswith("['params']")}
+        state = {k: v for k, v in specs.items() if k.startswith("['opt_state']") and v}
+        assert params and all(all(e is None for e in spec) for spec in params.values()), params  # replicated
+        split = [k for k, spec in state.items() if "data" in spec]
+        assert len(split) >= 3, state  # the moments (Adam) or the row statistics and vectors (Adafactor)
     losses = np.load(tmp_path / "losses.npz")
     assert losses["adafactor"][-1] < losses["adafactor"][0]
 
