@@ -55,6 +55,7 @@ from optkit.onnx._ops import (
     elementwise,
     indexing,
     loss,
+    ml,
     nn,
     normalization,
     pool,
@@ -75,7 +76,7 @@ __all__ = ["TABLE", "supported_ops"]
 TABLE = OpTable(elementwise.OPS, nn.OPS, pool.OPS, normalization.OPS, recurrent.OPS, shape.OPS, reduce.OPS, loss.OPS,
                 training.OPS, control.OPS, attention.OPS, quantize.OPS,
                 resize.OPS, sampling.OPS, randomness.OPS, indexing.OPS, algebra.OPS, contrib.OPS,
-                contrib.DEFAULT_DOMAIN_OPS, adapters.OPS, state.OPS)
+                contrib.DEFAULT_DOMAIN_OPS, adapters.OPS, state.OPS, ml.OPS)
 
 
 def supported_ops() -> list[tuple[str, str, int]]:
