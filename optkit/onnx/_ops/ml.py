@@ -223,7 +223,7 @@ class _Trees:
         def child(name):
             out = np.zeros(count, np.int64)
             for i, (t, n) in enumerate(zip(trees, a.get(name, [0] * count))):
-                out[i] = key.get((int(trees[i]), int(n)), i) if self.mode[i] != 6 else i
+                out[i] = key.get((int(t), int(n)), i) if self.mode[i] != 6 else i
             return out
 
         self.true, self.false = child("nodes_truenodeids"), child("nodes_falsenodeids")
