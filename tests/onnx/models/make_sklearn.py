@@ -23,8 +23,12 @@ OUT = HERE / "sklearn"
 
 def models():
     from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris
-    from sklearn.ensemble import (GradientBoostingClassifier, GradientBoostingRegressor, RandomForestClassifier,
-                                  RandomForestRegressor)
+    from sklearn.ensemble import (
+        GradientBoostingClassifier,
+        GradientBoostingRegressor,
+        RandomForestClassifier,
+        RandomForestRegressor,
+    )
     from sklearn.impute import SimpleImputer
     from sklearn.linear_model import LinearRegression, LogisticRegression, Ridge
     from sklearn.pipeline import make_pipeline
