@@ -302,3 +302,36 @@ def test_lora_dropout_uses_the_key_and_is_off_without_one_or_in_eval():
     apply_fn = module.apply_fn
     values = {k: v[...] for k, v in module.params.items()}
     np.testing.assert_allclose(off, apply_fn(values, x), rtol=1e-6)  # no key: no dropout
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_lora_trains_a_float16_export_and_onnx_runtime_runs_it_written_back(merge):
+    """The BERT that ONNX Runtime's transformer optimizer fused and converted to float16
+    (tests/onnx/models/optimized): adapters on its float16 MatMul weights train, and the written-back model
+    (merged into the float16 weights, or as a side branch) gives ONNX Runtime apply_fn's output to two float16
+    steps."""
+    folder = MODELS / "optimized"
+    model = onnx.load(str(folder / "ort_optimized_bert_fp16.onnx"))
+    data = np.load(folder / "ort_optimized_bert_fp16.npz")
+    feeds = {k: data[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+    lora = optkit.onnx.LoRA(4, alpha=8)
+    apply_fn, params = optkit.onnx.to_jax(model, lora=lora)
+    weights = {t.name: t for t in model.graph.initializer}
+    assert params and all(weights[k.rsplit(".lora_", 1)[0]].data_type == TensorProto.FLOAT16 for k in params)
+    target = jnp.asarray(np.random.default_rng(0).normal(size=(2, 8, 32)), jnp.float32)
+    tx = optax.adamw(1e-2)
+
+    @jax.jit
+    def step(p, state):
+        value, grads = jax.value_and_grad(lambda q: jnp.mean((apply_fn(q, feeds).astype(jnp.float32) - target) ** 2))(p)
+        updates, state = tx.update(grads, state, p)
+        return optax.apply_updates(p, updates), state, value
+
+    state, losses = tx.init(params), []
+    for _ in range(4):
+        params, state, value = step(params, state)
+        losses.append(float(value))
+    assert losses[-1] < losses[0], losses
+    want = np.asarray(apply_fn(params, feeds), np.float32)
+    got = _ort(optkit.onnx.with_initializers(model, params, lora=lora, merge=merge), feeds).astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2 * 2.0 ** -10 * np.abs(want).max())
