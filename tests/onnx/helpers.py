@@ -1,4 +1,5 @@
-"""Helpers the ONNX area's test modules share: small ONNX models built by hand, external-data pointers."""
+"""Helpers the ONNX area's test modules share: small ONNX models built by hand, external-data pointers, and the
+check of a node's gradient against float64 central differences."""
 
 from __future__ import annotations
 
@@ -34,3 +35,27 @@ def onnx_external(tensor, location, offset=None, length=None):
     tensor.ClearField("raw_data")
     tensor.ClearField("float_data")
     return tensor
+
+
+def assert_gradients_match_central_differences(fn, args, floats, seed=1, step=1e-6, rtol=1e-6):
+    """``fn(*args.values())``'s weighted sum differentiated in each input named in ``floats`` (float64) equals its
+    central difference along a random direction: the test of a node's gradient against float64 finite
+    differences."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    weights = jnp.asarray(rng.normal(size=np.shape(fn(*args.values()))))
+
+    def loss(*values):
+        return jnp.sum(fn(*{**args, **dict(zip(floats, values))}.values()) * weights)
+
+    moved = [args[k] for k in floats]
+    grads = jax.grad(loss, argnums=tuple(range(len(floats))))(*moved)
+    for i, key in enumerate(floats):
+        d = jnp.asarray(rng.normal(size=np.shape(args[key])))
+        plus = [a + step * d if j == i else a for j, a in enumerate(moved)]
+        minus = [a - step * d if j == i else a for j, a in enumerate(moved)]
+        want = float((loss(*plus) - loss(*minus)) / (2 * step))
+        np.testing.assert_allclose(float(jnp.sum(grads[i] * d)), want, rtol=rtol, atol=1e-9, err_msg=key)

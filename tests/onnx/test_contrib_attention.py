@@ -9,11 +9,11 @@ import pytest
 pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
+from tests.onnx.helpers import assert_gradients_match_central_differences  # noqa: E402
 
 RNG = np.random.default_rng(0)
 B, S, L, N, H = 2, 3, 4, 2, 8
@@ -130,21 +130,7 @@ def test_fused_attention_gradients_match_float64_central_differences(name):
     wide = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in inputs.items()}
     fn = optkit.onnx.to_graph(_model(op, wide, attrs, outputs)).as_function(list(wide), "y0")
     floats = [k for k, v in wide.items() if v.dtype == np.float64 and not k.endswith("_cache")]
-    args = {k: jnp.asarray(v) for k, v in wide.items()}
-    rng = np.random.default_rng(1)
-    weights = jnp.asarray(rng.normal(size=np.shape(fn(*args.values()))))
-
-    def loss(*values):
-        return jnp.sum(fn(*{**args, **dict(zip(floats, values))}.values()) * weights)
-
-    grads = jax.grad(loss, argnums=tuple(range(len(floats))))(*(args[k] for k in floats))
-    for i, key in enumerate(floats):
-        d = jnp.asarray(rng.normal(size=args[key].shape))
-        moved = [args[k] for k in floats]
-        plus = [a + 1e-6 * d if j == i else a for j, a in enumerate(moved)]
-        minus = [a - 1e-6 * d if j == i else a for j, a in enumerate(moved)]
-        want = float((loss(*plus) - loss(*minus)) / 2e-6)
-        np.testing.assert_allclose(float(jnp.sum(grads[i] * d)), want, rtol=1e-6, atol=1e-9, err_msg=key)
+    assert_gradients_match_central_differences(fn, {k: jnp.asarray(v) for k, v in wide.items()}, floats)
 
 
 @pytest.mark.parametrize("op, inputs, attrs, match", [

@@ -14,6 +14,7 @@ import jax.numpy as jnp  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
+from tests.onnx.helpers import assert_gradients_match_central_differences  # noqa: E402
 
 HEADS, KV_HEADS, HEAD = 4, 2, 32
 INPUTS = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
@@ -133,20 +134,7 @@ def test_group_query_attention_gradients_match_float64_central_differences(name)
     floats = [k for k, v in feeds.items() if v.dtype == np.float32 and not k.endswith("_cache")]
     fn = optkit.onnx.to_graph(model).as_function(list(feeds), "output")
     args = {k: jnp.asarray(v, jnp.float64 if v.dtype == np.float32 else v.dtype) for k, v in feeds.items()}
-    rng = np.random.default_rng(1)
-    weights = jnp.asarray(rng.normal(size=fn(*args.values()).shape))
-
-    def loss(*values):
-        return jnp.sum(fn(*{**args, **dict(zip(floats, values))}.values()) * weights)
-
-    grads = jax.grad(loss, argnums=tuple(range(len(floats))))(*(args[k] for k in floats))
-    for i, name_ in enumerate(floats):
-        d = jnp.asarray(rng.normal(size=args[name_].shape))
-        moved = [args[k] for k in floats]
-        plus = [a + 1e-6 * d if j == i else a for j, a in enumerate(moved)]
-        minus = [a - 1e-6 * d if j == i else a for j, a in enumerate(moved)]
-        want = float((loss(*plus) - loss(*minus)) / 2e-6)
-        np.testing.assert_allclose(float(jnp.sum(grads[i] * d)), want, rtol=1e-6, atol=1e-9, err_msg=name_)
+    assert_gradients_match_central_differences(fn, args, floats)
 
 
 @pytest.mark.parametrize("attrs, match", [({"qk_output": 1}, "qk_output"), ({"k_quant_type": "PER_TENSOR"},

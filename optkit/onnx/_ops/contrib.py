@@ -411,6 +411,43 @@ def _embed_layer_normalization(ctx):
     return embed_layer_normalization
 
 
+def _key_mask(ctx, m, batch, length, keys, fill, what, starts):
+    """The additive (batch, S or 1, keys) mask of a fused attention's mask input, as ONNX Runtime's CPU kernels read
+    it: 1-D (batch) each sequence's end (``fill`` at and after it; with ``starts``, (2 batch) the starts too),
+    2-D (batch, keys) or 3-D (batch, S, keys) 0/1 (``fill`` where 0)."""
+    m = jnp.asarray(m)
+    j = jnp.arange(keys)
+    if m.ndim == 1 and (m.shape[0] == batch or starts and m.shape[0] == 2 * batch):
+        dropped = j[None, :] >= m[:batch, None]
+        if m.shape[0] == 2 * batch:
+            dropped |= j[None, :] < jnp.minimum(m[batch:], keys)[:, None]
+        return jnp.where(dropped, fill, 0.0)[:, None, :]
+    if m.ndim == 2 and m.shape == (batch, keys):
+        return jnp.where(m > 0, 0.0, fill)[:, None, :]
+    if m.ndim == 3 and m.shape == (batch, length, keys):
+        return jnp.where(m > 0, 0.0, fill)
+    ends = "(batch) or (2 batch)" if starts else "(batch)"
+    raise ctx.unsupported(f"{what} of shape {m.shape}: optkit runs {ends}, (batch, {keys}) and (batch, {length}, "
+                          f"{keys})")
+
+
+def _attend(q, k, v, mask, causal, before, fill, bias, alpha):
+    """softmax(alpha Q K^T + mask (+ ``fill`` after each query when ``causal``) + bias) V of (batch, heads, S,
+    head) Q and (batch, heads, keys, head) K and V (the first ``before`` keys a past), as (batch, S, heads * head)."""
+    batch, _, length, _ = q.shape
+    keys = k.shape[2]
+    scores = jnp.einsum("bnsd,bntd->bnst", q, k) * jnp.asarray(alpha, q.dtype)
+    if causal:
+        later = jnp.arange(keys)[None, :] > before + jnp.arange(length)[:, None]
+        mask = (0.0 if mask is None else mask) + jnp.where(later, fill, 0.0)[None]
+    if mask is not None:
+        scores = scores + jnp.broadcast_to(mask, (batch, length, keys))[:, None].astype(q.dtype)
+    if bias is not None:
+        scores = scores + jnp.asarray(bias).astype(q.dtype)
+    probs = jax.nn.softmax(scores, axis=-1)
+    return jnp.reshape(jnp.einsum("bnst,bntd->bsnd", probs, v), (batch, length, -1))
+
+
 @OPS.op("Attention", 1)
 def _contrib_attention(ctx):
     """BERT- and GPT-style self-attention as ONNX Runtime's transformer optimizer fuses it, following ONNX
@@ -468,31 +505,9 @@ def _contrib_attention(ctx):
                             f"'present' needs equal key and value sizes in qkv_hidden_sizes")
         keys = before + length
         alpha = scale if scale is not None else 1 / np.sqrt(q_size // heads)
-        scores = jnp.einsum("bnsd,bntd->bnst", q, k) * jnp.asarray(alpha, work)
-        mask = None
-        if mask_index is not None:
-            m = jnp.asarray(mask_index)
-            j = jnp.arange(keys)
-            if m.ndim == 1 and m.shape[0] in (batch, 2 * batch):
-                dropped = j[None, :] >= m[:batch, None]
-                if m.shape[0] == 2 * batch:
-                    dropped |= j[None, :] < jnp.minimum(m[batch:], keys)[:, None]
-                mask = jnp.where(dropped, fill, 0.0)[:, None, :]
-            elif m.ndim in (2, 3) and m.shape[-1] == keys and m.shape[0] == batch:
-                mask = jnp.where(m > 0, 0.0, fill)
-                mask = mask[:, None, :] if m.ndim == 2 else mask
-            else:
-                raise ctx.unsupported(f"mask_index of shape {m.shape}: optkit runs 1-D (batch or 2 batch), 2-D "
-                                      f"(batch, {keys}) and 3-D (batch, {length}, {keys}) masks")
-        if causal:
-            later = jnp.arange(keys)[None, :] > before + jnp.arange(length)[:, None]
-            mask = (0.0 if mask is None else mask) + jnp.where(later, fill, 0.0)[None]
-        if mask is not None:
-            scores = scores + jnp.broadcast_to(mask, (batch, length, keys))[:, None].astype(work)
-        if attention_bias is not None:
-            scores = scores + jnp.asarray(attention_bias).astype(work)
-        probs = jax.nn.softmax(scores, axis=-1)
-        out = jnp.einsum("bnst,bntd->bsnd", probs, v).reshape(batch, length, v_size).astype(dtype)
+        mask = None if mask_index is None else _key_mask(ctx, mask_index, batch, length, keys, fill, "mask_index",
+                                                          starts=True)
+        out = _attend(q, k, v, mask, causal, before, fill, attention_bias, alpha).astype(dtype)
         return (out, jnp.stack([k, v]).astype(dtype)) if wants_present else out
 
     return attention
@@ -593,30 +608,9 @@ def _multi_head_attention(ctx):
             v = jnp.concatenate([jnp.asarray(past_value).astype(work), v], axis=2)
         keys = k.shape[2]
         alpha = scale if scale is not None else 1 / np.sqrt(q.shape[3])
-        scores = jnp.einsum("bnsd,bntd->bnst", q, k) * jnp.asarray(alpha, work)
-        mask = None
-        if key_padding_mask is not None:
-            m = jnp.asarray(key_padding_mask)
-            j = jnp.arange(keys)
-            if m.ndim == 1 and m.shape[0] == batch:
-                mask = jnp.where(j[None, :] >= m[:, None], fill, 0.0)[:, None, :]
-            elif m.ndim == 2 and m.shape == (batch, keys):
-                mask = jnp.where(m > 0, 0.0, fill)[:, None, :]
-            elif m.ndim == 3 and m.shape == (batch, length, keys):
-                mask = jnp.where(m > 0, 0.0, fill)
-            else:
-                raise ctx.unsupported(f"key_padding_mask of shape {m.shape}: optkit runs (batch), (batch, {keys}) "
-                                      f"and (batch, {length}, {keys})")
-        if causal:
-            later = jnp.arange(keys)[None, :] > before + jnp.arange(length)[:, None]
-            mask = (0.0 if mask is None else mask) + jnp.where(later, fill, 0.0)[None]
-        if mask is not None:
-            scores = scores + jnp.broadcast_to(mask, (batch, length, keys))[:, None].astype(work)
-        if attention_bias is not None:
-            scores = scores + jnp.asarray(attention_bias).astype(work)
-        probs = jax.nn.softmax(scores, axis=-1)
-        out = jnp.einsum("bnst,bntd->bsnd", probs, v)
-        out = jnp.reshape(out, (batch, length, -1)).astype(dtype)
+        mask = None if key_padding_mask is None else _key_mask(ctx, key_padding_mask, batch, length, keys, fill,
+                                                               "key_padding_mask", starts=False)
+        out = _attend(q, k, v, mask, causal, before, fill, attention_bias, alpha).astype(dtype)
         return out, k.astype(dtype), v.astype(dtype)
 
     return multi_head_attention
