@@ -17,7 +17,8 @@ The specs' own operators, with their inputs and outputs, are in :mod:`optkit.ops
 Under ``jax.sharding`` every optimizer's state is sharded like the parameters
 (Adafactor's row and column statistics like the parameter without the reduced
 axis), with no communication code of optkit's own: see the docs page "Sharding and multiple hosts".
-:func:`state_sharding` and :func:`shard_state` split a state over the data axis as well (ZeRO stage 1).
+:func:`state_sharding` and :func:`shard_state` split a state over the data axis as well (ZeRO stage 1);
+:func:`fsdp_rule` splits an ``OnnxModule``'s parameters so (FSDP).
 
 For trees of thousands of parameter arrays, :class:`FlatParams` keeps them in one
 contiguous buffer per dtype, which every element-wise optimizer steps over at once.
@@ -42,7 +43,7 @@ from optkit._src.flat import FlatParams
 from optkit._src.gradient import gradient
 from optkit._src.graph import GradientNode, Graph, GraphNode
 from optkit._src.momentum import ScaleByOnnxMomentumState, momentum, scale_by_onnx_momentum
-from optkit._src.zero import shard_state, state_sharding
+from optkit._src.zero import fsdp_rule, shard_state, state_sharding
 
 __version__ = "0.1.0"
 
@@ -75,4 +76,5 @@ __all__ = [
     "FlatParams",
     "state_sharding",
     "shard_state",
+    "fsdp_rule",
 ]

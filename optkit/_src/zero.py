@@ -25,7 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from optkit._src.adafactor.state import FactoredSecondMoment
 
-__all__ = ["state_sharding", "shard_state"]
+__all__ = ["state_sharding", "shard_state", "fsdp_rule"]
 
 
 def _check(mesh: Any, axis: str) -> int:
@@ -118,3 +118,45 @@ def shard_state(state: Any, mesh: Mesh, axis: str = "data") -> Any:
       P('data', None)
     """
     return jax.device_put(state, state_sharding(state, mesh, axis))
+
+
+def fsdp_rule(mesh: Mesh, axis: str = "data") -> Any:
+    """A sharding rule that splits each parameter over ``axis`` (FSDP), for :class:`optkit.onnx.OnnxModule`'s
+    ``sharding=`` (any ``(name, shape) -> mesh axis names per dimension or None`` rule).
+
+    Each parameter is split along its largest dimension that ``axis``'s size divides (the first such on a tie),
+    the choice :func:`state_sharding` makes for a replicated leaf; a parameter with no such dimension (a short
+    bias) stays replicated. optkit's optimizers shard their state like the parameters, so both are split over
+    ``axis`` (ZeRO stage 3). On an explicit mesh an ``OnnxModule`` gathers such a parameter over the axes its
+    inputs are split by where it uses it; on an ``Auto`` mesh XLA does.
+
+    Args:
+      mesh: the ``jax.sharding.Mesh`` (``jax.make_mesh``); only ``axis``'s size is read.
+      axis: the mesh axis to split over (default ``"data"``).
+
+    Returns:
+      ``rule(name, shape) -> tuple of axis names (None where a dimension is whole), or None``.
+
+    Raises:
+      TypeError: ``mesh`` is not a ``jax.sharding.Mesh``.
+      ValueError: ``axis`` is not an axis of ``mesh``.
+
+    Source: Rajbhandari et al. (SC 2020), stage 3; PyTorch's FullyShardedDataParallel; MaxText's ``fsdp`` axis.
+
+    Example:
+      >>> import jax, optkit
+      >>> rule = optkit.fsdp_rule(jax.make_mesh((1,), ("data",)))
+      >>> rule("net.0.weight", (32, 64))
+      (None, 'data')
+    """
+    size = _check(mesh, axis)
+
+    def rule(name: str, shape: tuple[int, ...]) -> tuple[str | None, ...] | None:
+        free = [d for d in range(len(shape)) if shape[d] >= size and shape[d] % size == 0]
+        if not free:
+            return None
+        names: list[str | None] = [None] * len(shape)
+        names[max(free, key=lambda d: (shape[d], -d))] = axis
+        return tuple(names)
+
+    return rule

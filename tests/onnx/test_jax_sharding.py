@@ -104,6 +104,38 @@ else:
         for name in split:
             assert got[name].sharding.spec == P(None, "model"), (name, got[name].sharding)
 
+    @pytest.mark.parametrize("axis_types", ["explicit", "auto"])
+    def test_onnx_module_fully_sharded_over_data_equals_one_device(axis_types):
+        """FSDP: ``OnnxModule(model, sharding=optkit.fsdp_rule(mesh))`` splits each weight over ``data`` as the
+        batch is, and its optimizer state follows; three ``nnx.Optimizer`` steps equal one device's. On the
+        explicit mesh the module gathers each weight where it is used; on the Auto mesh XLA does."""
+        model, x, y = _data()
+        apply_fn, params = optkit.onnx.to_jax(model)
+        want = _plain_steps(apply_fn, params, OPTIMIZERS["optkit.adafactor"](), x, y)
+        kind = jax.sharding.AxisType.Explicit if axis_types == "explicit" else jax.sharding.AxisType.Auto
+        mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind, kind))
+        with jax.set_mesh(mesh):
+            module = optkit.onnx.OnnxModule(model, sharding=optkit.fsdp_rule(mesh))
+            optimizer_ = nnx.Optimizer(module, OPTIMIZERS["optkit.adafactor"](), wrt=nnx.Param)
+            batch = NamedSharding(mesh, P("data"))
+
+            @nnx.jit
+            def step(module, optimizer_, x, y):
+                grads = nnx.grad(lambda m: jnp.mean((m(x) - y) ** 2))(module)
+                optimizer_.update(module, grads)
+
+            for _ in range(3):
+                step(module, optimizer_, jax.device_put(x, batch), jax.device_put(y, batch))
+        got = {name: param[...] for name, param in module.params.items()}
+        chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6)
+        split = {name for name, value in got.items() if "data" in value.sharding.spec}
+        # every weight matrix and the 32-wide bias; the 10-wide one is not divisible over 4 devices
+        assert split == {name for name, value in got.items() if any(d % 4 == 0 for d in value.shape)}, split
+        assert {name for name, value in got.items() if value.ndim == 2} <= split and len(split) < len(got)
+        state = [leaf for leaf in jax.tree.leaves(nnx.state(optimizer_, nnx.optimizer.OptState))
+                 if getattr(leaf, "ndim", 0) >= 1]
+        assert any("data" in leaf.sharding.spec for leaf in state)  # the state follows the weights
+
     def test_a_transformer_with_an_embedding_lookup_trains_data_parallel_on_the_default_mesh():
         """A BERT exported by torch.onnx (dynamo): its token embedding is a Gather of int64 ids, which JAX's
         default (explicit) mesh axes require an output sharding for; under ``jax.set_mesh`` with the batch of
