@@ -114,17 +114,27 @@ def below_max(x: Any, axis: int) -> Any:
     return jnp.where(d > 0, jnp.zeros_like(d), d)
 
 
+def _widened(x: Any) -> tuple[Any, Any]:
+    """``x`` in float32 if it is a 16-bit float (ONNX Runtime's kernels compute those in float32 and round once),
+    and its own dtype to round back to."""
+    dtype = jnp.result_type(x)
+    return (jnp.asarray(x).astype(jnp.float32) if dtype in (jnp.float16, jnp.bfloat16) else x), dtype
+
+
 def softmax(x: Any, axis: int) -> Any:
     """``exp(x - max) / sum(exp(x - max))`` along ``axis`` (ONNX Softmax, version 13), NaN-free under XLA:CPU's
-    fused multiply-adds (:func:`below_max`); differentiates as ``jax.nn.softmax``."""
+    fused multiply-adds (:func:`below_max`), 16-bit floats computed in float32 and rounded once; differentiates
+    as ``jax.nn.softmax``."""
+    x, dtype = _widened(x)
     e = jnp.exp(below_max(x, axis))
-    return e / jnp.sum(e, axis, keepdims=True)
+    return (e / jnp.sum(e, axis, keepdims=True)).astype(dtype)
 
 
 def log_softmax(x: Any, axis: int) -> Any:
     """``x - max - log(sum(exp(x - max)))`` along ``axis``, as :func:`softmax`."""
+    x, dtype = _widened(x)
     shifted = below_max(x, axis)
-    return shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis, keepdims=True))
+    return (shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis, keepdims=True))).astype(dtype)
 
 
 def on_cpu(device: Any = None) -> bool:
