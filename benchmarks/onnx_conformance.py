@@ -50,6 +50,10 @@ SKIPPED = {
         "an inverse DFT whose expected values carry NumPy's single-precision FFT rounding (1.9e-7 where the "
         "exact value is 0, against atol 1e-7); optkit transforms in float64 (-7e-16 there), and ONNX Runtime "
         "misses the expected values by 1.9e-5",
+    r"^test_attention_4d_causal_fp16_expanded_cpu$":
+        "a float16 attention whose expected values carry float16 arithmetic inside its softmax: optkit computes "
+        "a 16-bit softmax in float32 and rounds once, as ONNX Runtime does, and both miss two of the 192 "
+        "expected values by one float16 step (4.9e-4, against rtol 1e-3 at 0.47)",
 }
 
 
