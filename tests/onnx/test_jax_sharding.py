@@ -79,24 +79,30 @@ else:
         """Weight matrices split along their last axis over ``model``; the rest replicated."""
         return (None, "model") if len(shape) == 2 and shape[-1] % 2 == 0 else None
 
+    def _module_steps(model, rule, tx, mesh, x, y, steps=3):
+        """``OnnxModule(model, sharding=rule)`` built under ``jax.set_mesh(mesh)`` and trained ``steps`` jitted
+        ``nnx.Optimizer`` steps on the batch split over ``data``: ``(module, optimizer)``."""
+        with jax.set_mesh(mesh):
+            module = optkit.onnx.OnnxModule(model, sharding=rule)
+            optimizer = nnx.Optimizer(module, tx, wrt=nnx.Param)
+            batch = NamedSharding(mesh, P("data"))
+
+            @nnx.jit
+            def step(module, optimizer, x, y):
+                grads = nnx.grad(lambda m: jnp.mean((m(x) - y) ** 2))(module)
+                optimizer.update(module, grads)
+
+            for _ in range(steps):
+                step(module, optimizer, jax.device_put(x, batch), jax.device_put(y, batch))
+        return module, optimizer
+
     @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
     def test_onnx_module_on_a_data_model_mesh_equals_one_device(optimizer):
         model, x, y = _data()
         apply_fn, params = optkit.onnx.to_jax(model)
         want = _plain_steps(apply_fn, params, OPTIMIZERS[optimizer](), x, y)
         mesh = jax.make_mesh((4, 2), ("data", "model"))
-        with jax.set_mesh(mesh):
-            module = optkit.onnx.OnnxModule(model, sharding=_rule)
-            optimizer_ = nnx.Optimizer(module, OPTIMIZERS[optimizer](), wrt=nnx.Param)
-            batch = NamedSharding(mesh, P("data"))
-
-            @nnx.jit
-            def step(module, optimizer_, x, y):
-                grads = nnx.grad(lambda m: jnp.mean((m(x) - y) ** 2))(module)
-                optimizer_.update(module, grads)
-
-            for _ in range(3):
-                step(module, optimizer_, jax.device_put(x, batch), jax.device_put(y, batch))
+        module, _ = _module_steps(model, _rule, OPTIMIZERS[optimizer](), mesh, x, y)
         got = {name: param[...] for name, param in module.params.items()}
         chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6)
         split = [name for name, value in got.items() if _rule(name, value.shape)]
@@ -114,18 +120,7 @@ else:
         want = _plain_steps(apply_fn, params, OPTIMIZERS["optkit.adafactor"](), x, y)
         kind = jax.sharding.AxisType.Explicit if axis_types == "explicit" else jax.sharding.AxisType.Auto
         mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind, kind))
-        with jax.set_mesh(mesh):
-            module = optkit.onnx.OnnxModule(model, sharding=optkit.fsdp_rule(mesh))
-            optimizer_ = nnx.Optimizer(module, OPTIMIZERS["optkit.adafactor"](), wrt=nnx.Param)
-            batch = NamedSharding(mesh, P("data"))
-
-            @nnx.jit
-            def step(module, optimizer_, x, y):
-                grads = nnx.grad(lambda m: jnp.mean((m(x) - y) ** 2))(module)
-                optimizer_.update(module, grads)
-
-            for _ in range(3):
-                step(module, optimizer_, jax.device_put(x, batch), jax.device_put(y, batch))
+        module, optimizer_ = _module_steps(model, optkit.fsdp_rule(mesh), OPTIMIZERS["optkit.adafactor"](), mesh, x, y)
         got = {name: param[...] for name, param in module.params.items()}
         chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6)
         split = {name for name, value in got.items() if "data" in value.sharding.spec}
