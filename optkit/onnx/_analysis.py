@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 from optkit._src.graph.analysis import StepBudget, walk_back
+from optkit.onnx._files import read_inside, subgraphs  # noqa: F401 (the converter and the layout plan read them here)
 from optkit.onnx._limits import GRADIENT_DEPTH_CEILING, Limits
 from optkit.onnx._operators import nodes_of
 from optkit.onnx._ops._registry import OpSpec
@@ -113,24 +114,6 @@ def static_inputs(nodes: Sequence[onnx.NodeProto], specs: Mapping[int, OpSpec], 
     _, leaves = walk_back(slots, (), producer, lambda p: [i for i in nodes[p].input if i] + read_inside(nodes[p]),
                           budget)
     return frozenset(leaves) & inputs
-
-
-def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    """The graphs a node's attributes hold (an If's branches, a Loop's or Scan's body)."""
-    return [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
-
-
-def read_inside(node: onnx.NodeProto) -> list[str]:
-    """The names a node's sub-graphs (If branches, Loop and Scan bodies, nested) read: an If's output is
-    static when what its branch reads is."""
-    graphs = subgraphs(node)
-    names: list[str] = []
-    while graphs:
-        g = graphs.pop()
-        for inner in g.node:
-            names += [i for i in inner.input if i]
-            graphs += subgraphs(inner)
-    return names
 
 
 def updated_inputs(nodes: Sequence[onnx.NodeProto], inputs: Sequence[str]) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ from optkit.onnx._errors import UnsupportedOpError
 from optkit.onnx._limits import Limits, check_size
 from optkit.onnx._ops._values import DTYPES, dtype_name, node_name, storage_bits
 
-__all__ = ["ModelSource", "load_model", "read_model", "check_model", "tensors_of"]
+__all__ = ["ModelSource", "load_model", "read_model", "check_model", "tensors_of", "subgraphs", "read_inside"]
 
 _log = logging.getLogger("optkit.onnx")
 # Digests of the ModelProtos load_model checked and returned (bounded, no reference kept): given back to
@@ -163,19 +163,21 @@ ORT_DEFAULT_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization"})
 _ORT_CHECK_DOMAIN = "optkit.ort_default_domain"
 
 
-def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs a node's attributes hold (an If's branches, a Loop's or Scan's body)."""
+    return [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
 
 
-def _reads(node: onnx.NodeProto) -> list[str]:
-    """The names a node reads: its inputs and what its sub-graphs (nested) read."""
-    names = [i for i in node.input if i]
-    graphs = _subgraphs(node)
+def read_inside(node: onnx.NodeProto) -> list[str]:
+    """The names a node's sub-graphs (If branches, Loop and Scan bodies, nested) read: an If's output is
+    static when what its branch reads is."""
+    graphs = subgraphs(node)
+    names: list[str] = []
     while graphs:
-        graph = graphs.pop()
-        for inner in graph.node:
+        g = graphs.pop()
+        for inner in g.node:
             names += [i for i in inner.input if i]
-            graphs += _subgraphs(inner)
+            graphs += subgraphs(inner)
     return names
 
 
@@ -186,8 +188,9 @@ def _topological_order(graph: onnx.GraphProto) -> list[int] | None:
     import heapq
 
     producer = {out: index for index, node in enumerate(graph.node) for out in node.output if out}
-    needs = [{producer[name] for name in _reads(node) if producer.get(name, index) != index}
-             for index, node in enumerate(graph.node)]
+    reads = ([i for i in node.input if i] + read_inside(node) for node in graph.node)
+    needs = [{producer[name] for name in names if producer.get(name, index) != index}
+             for index, names in enumerate(reads)]
     if all(max(n, default=-1) < index for index, n in enumerate(needs)):
         return None
     readers: list[list[int]] = [[] for _ in graph.node]
@@ -218,15 +221,17 @@ def _sorted(proto: onnx.ModelProto, origin: str) -> onnx.ModelProto:
             graph = stack.pop()
             yield graph
             for node in graph.node:
-                stack.extend(_subgraphs(node))
+                stack.extend(subgraphs(node))
 
-    if all(_topological_order(g) is None for g in graphs(proto)):
+    orders = [_topological_order(g) for g in graphs(proto)]
+    if all(order is None for order in orders):
         return proto
     copy = onnx.ModelProto()
     copy.CopyFrom(proto)  # the caller's ModelProto is never modified
     moved = 0
-    for graph in graphs(copy):
-        order = _topological_order(graph)
+    # listed before any is reordered, sub-graphs (listed after their parents) reordered first: a parent's reorder
+    # copies its nodes, sub-graphs included
+    for graph, order in reversed(list(zip(graphs(copy), orders))):
         if order is None:
             continue
         nodes = [graph.node[i] for i in order]
@@ -258,7 +263,7 @@ def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
         graph = stack.pop()
         for node in graph.node:
             found = found or ours(node)
-            stack.extend(_subgraphs(node))
+            stack.extend(subgraphs(node))
     if not found and not external(proto):
         return proto
     copy = onnx.ModelProto()
@@ -278,7 +283,7 @@ def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
         for node in graph.node:
             if ours(node):
                 node.domain = _ORT_CHECK_DOMAIN
-            stack.extend(_subgraphs(node))
+            stack.extend(subgraphs(node))
     copy.opset_import.add(domain=_ORT_CHECK_DOMAIN, version=1)
     return copy
 

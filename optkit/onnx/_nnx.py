@@ -114,12 +114,12 @@ class OnnxModule(nnx.Module):
                     raise ValueError(f"sharding({name!r}, {tuple(value.shape)}) gave {names}: one mesh axis name "
                                      f"or None per axis is needed")
                 metadata["out_sharding"] = names
+                # placed here, not by flax's eager sharding (whose constraint refuses, on Auto axes, a value
+                # committed to one device); with no mesh set, the names are metadata only
+                metadata["eager_sharding"] = False
                 mesh = jax.sharding.get_mesh()
-                if meta.get_global_mesh() is None or mesh is None or mesh.empty:
-                    metadata["eager_sharding"] = False  # no mesh to place it on now: the names are metadata only
-                else:  # placed here (on Auto axes, flax's constraint refuses a value committed to one device)
+                if meta.get_global_mesh() is not None and mesh is not None and not mesh.empty:
                     value = jax.device_put(value, NamedSharding(mesh, PartitionSpec(*names)))
-                    metadata["eager_sharding"] = False
             params[name] = (nnx.LoRAParam if name in adapters else nnx.Param)(value, **metadata)
         self.params = nnx.Dict(params)
 

@@ -227,8 +227,10 @@ class _Trees:
             return out
 
         self.true, self.false = child("nodes_truenodeids"), child("nodes_falsenodeids")
-        self.roots = np.asarray([key[(int(t), int(min(n for (tt, n) in key if tt == t)))]
-                                 for t in sorted(set(int(t) for t in trees))], np.int64)
+        first: dict[int, int] = {}  # each tree's root: its smallest node id
+        for t, n in key:
+            first[t] = min(n, first.get(t, n))
+        self.roots = np.asarray([key[(t, first[t])] for t in sorted(first)], np.int64)
         weights = np.zeros((count, outputs), np.float64)
         for t, n, o, w in zip(a[f"{prefix}_treeids"], a[f"{prefix}_nodeids"], a[f"{prefix}_ids"],
                               a[f"{prefix}_weights"]):
