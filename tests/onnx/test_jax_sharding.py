@@ -155,3 +155,32 @@ else:
         np.testing.assert_allclose(float(v2), float(v1), rtol=1e-6)
         chex.assert_trees_all_close(p2, p1, rtol=1e-5, atol=1e-6)
         assert out.sharding.spec[0] == "data"  # the activations stay split by the batch
+
+    @pytest.mark.parametrize("name", ["genai/llama_int4/model", "optimized/ort_optimized_bert"])
+    def test_onnx_runtimes_fused_operators_differentiate_data_parallel_on_the_default_mesh(name):
+        """ONNX Runtime's fused operators gather by sharded ids too (GroupQueryAttention's rotary caches,
+        EmbedLayerNormalization's tables): the builder's int4 LLaMA and the optimizer's BERT give one device's
+        loss and gradients with their batch sharded over ``data`` of ``jax.make_mesh``'s default axes."""
+        model = onnx.load(str(pathlib.Path(__file__).parent / "models" / f"{name}.onnx"))
+        apply_fn, params = optkit.onnx.to_jax(model)
+        rng = np.random.default_rng(0)
+        feeds = {}
+        for value in model.graph.input:
+            if value.name.startswith("past_key_values"):
+                feeds[value.name] = np.zeros((2, 1, 0, 16), np.float32)
+            elif value.name in ("attention_mask", "token_type_ids"):
+                feeds[value.name] = np.full((2, 8), value.name == "attention_mask", np.int64)
+            else:
+                feeds[value.name] = rng.integers(3, 90, (2, 8)).astype(np.int64)
+
+        def loss(p, f):
+            out = apply_fn(p, f)
+            return jnp.mean((out[0] if isinstance(out, tuple) else out) ** 2)
+
+        want = jax.jit(jax.value_and_grad(loss))(params, feeds)
+        mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
+        with jax.set_mesh(mesh):
+            sharded = {k: jax.device_put(v, NamedSharding(mesh, P("data"))) for k, v in feeds.items()}
+            got = jax.jit(jax.value_and_grad(loss))(jax.device_put(params, NamedSharding(mesh, P())), sharded)
+        np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-5)
+        chex.assert_trees_all_close(got[1], want[1], rtol=1e-4, atol=1e-7)

@@ -114,6 +114,35 @@ def below_max(x: Any, axis: int) -> Any:
     return jnp.where(d > 0, jnp.zeros_like(d), d)
 
 
+def gather_sharding(x: Any, indices: Any, axis: int) -> Any:
+    """The output ``PartitionSpec`` of gathering ``x`` along ``axis`` by ``indices`` when either carries explicit
+    mesh axes (as arrays placed on ``jax.make_mesh``'s default, explicit axes do), which JAX then requires to be
+    stated: ``x``'s axes around ``axis``, ``indices``' axes in its place (a batch of token ids sharded over
+    ``"data"`` gives embeddings sharded the same way). None where nothing is sharded explicitly, or where the
+    gathered axis itself is (JAX's own rule then decides)."""
+    try:
+        x_spec = tuple(jax.typeof(x).sharding.spec)
+        i_spec = tuple(jax.typeof(indices).sharding.spec)
+    except (AttributeError, TypeError):
+        return None
+    x_spec += (None,) * (jnp.ndim(x) - len(x_spec))
+    i_spec += (None,) * (jnp.ndim(indices) - len(i_spec))
+    if all(s is None for s in (*x_spec, *i_spec)) or x_spec[axis] is not None:
+        return None
+    return jax.sharding.PartitionSpec(*x_spec[:axis], *i_spec, *x_spec[axis + 1:])
+
+
+def take(x: Any, indices: Any, axis: int, mode: str = "fill") -> Any:
+    """``jnp.take(x, indices, axis, mode=mode)``, its output sharding stated where explicit mesh axes require it
+    (:func:`gather_sharding`): every gather of a table by computed or fed indices (Gather, embeddings, rotary
+    caches) goes through here, so it runs on ``jax.make_mesh``'s default mesh with the indices sharded."""
+    spec = gather_sharding(x, indices, axis)
+    if spec is not None:
+        where = (slice(None),) * axis + (indices,)
+        return jnp.asarray(x).at[where].get(mode=mode, out_sharding=spec)
+    return jnp.take(x, indices, axis=axis, mode=mode)
+
+
 def _widened(x: Any) -> tuple[Any, Any]:
     """``x`` in float32 if it is a 16-bit float (ONNX Runtime's kernels compute those in float32 and round once),
     and its own dtype to round back to."""

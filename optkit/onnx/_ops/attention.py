@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from optkit.onnx._ops._common import below_max, checked_indices
+from optkit.onnx._ops._common import below_max, checked_indices, take
 from optkit.onnx._ops._registry import Family
 from optkit.onnx._ops._values import onnx_dtype
 
@@ -48,10 +48,8 @@ def _rotary_embedding(ctx):
         if dim > head or dim % 2:
             raise ctx.error(f"rotary_embedding_dim {dim} must be even and at most the head size {head}")
         if position_ids is not None:
-            cos_cache = jnp.take(cos_cache, checked_indices(ctx, position_ids, cos_cache.shape[0], "cos_cache"),
-                                 axis=0, mode="fill")
-            sin_cache = jnp.take(sin_cache, checked_indices(ctx, position_ids, sin_cache.shape[0], "sin_cache"),
-                                 axis=0, mode="fill")
+            cos_cache = take(cos_cache, checked_indices(ctx, position_ids, cos_cache.shape[0], "cos_cache"), 0)
+            sin_cache = take(sin_cache, checked_indices(ctx, position_ids, sin_cache.shape[0], "sin_cache"), 0)
         for cache, what in ((cos_cache, "cos_cache"), (sin_cache, "sin_cache")):
             if jnp.shape(cache)[-1] != dim // 2:
                 raise ctx.error(f"{what}'s last dimension is {jnp.shape(cache)[-1]}, not rotary_embedding_dim / 2 "

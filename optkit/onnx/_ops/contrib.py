@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from optkit.onnx._ops._common import checked_indices
+from optkit.onnx._ops._common import checked_indices, take
 from optkit.onnx._ops._registry import ELEMENTWISE, Family
 from optkit.onnx._ops.attention import rotary
 
@@ -314,8 +314,8 @@ def _group_query_attention(ctx):
                 raise ctx.error("do_rotary needs cos_cache and sin_cache")
             positions = (before[:, None] + steps[None, :] if position_ids is None
                          else jnp.broadcast_to(jnp.asarray(position_ids), (batch, length)))
-            cos = jnp.take(jnp.asarray(cos_cache).astype(work), positions, axis=0, mode="clip")[:, :, None, :]
-            sin = jnp.take(jnp.asarray(sin_cache).astype(work), positions, axis=0, mode="clip")[:, :, None, :]
+            cos = take(jnp.asarray(cos_cache).astype(work), positions, 0, mode="clip")[:, :, None, :]
+            sin = take(jnp.asarray(sin_cache).astype(work), positions, 0, mode="clip")[:, :, None, :]
             if 2 * cos.shape[-1] > head:
                 raise ctx.error(f"cos_cache's last dimension {cos.shape[-1]} is more than half the head size {head}")
             q, k = rotary(q, cos, sin, interleaved), rotary(k, cos, sin, interleaved)
@@ -394,7 +394,7 @@ def _embed_layer_normalization(ctx):
         batch, length = jnp.shape(input_ids)
 
         def rows(table, ids, what):
-            return jnp.take(table, checked_indices(ctx, ids, jnp.shape(table)[0], what), axis=0, mode="fill")
+            return take(table, checked_indices(ctx, ids, jnp.shape(table)[0], what), 0)
 
         positions = (jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length)) if position_ids is None
                      else jnp.broadcast_to(jnp.asarray(position_ids), (batch, length)))
@@ -542,10 +542,8 @@ def _contrib_rotary_embedding(ctx):
         p = jnp.asarray(position_ids)
         positions = (p.reshape(()) + jnp.arange(length))[None] if p.size == 1 and p.ndim <= 1 else p
         positions = jnp.broadcast_to(positions, (batch, length))
-        cos = jnp.take(cos_cache, checked_indices(ctx, positions, jnp.shape(cos_cache)[0], "cos_cache"), axis=0,
-                       mode="fill")[:, :, None, :]
-        sin = jnp.take(sin_cache, checked_indices(ctx, positions, jnp.shape(sin_cache)[0], "sin_cache"), axis=0,
-                       mode="fill")[:, :, None, :]
+        cos = take(cos_cache, checked_indices(ctx, positions, jnp.shape(cos_cache)[0], "cos_cache"), 0)[:, :, None, :]
+        sin = take(sin_cache, checked_indices(ctx, positions, jnp.shape(sin_cache)[0], "sin_cache"), 0)[:, :, None, :]
         out = rotary(xs, cos, sin, interleaved).astype(jnp.result_type(x))
         return jnp.reshape(out, jnp.shape(x)) if rank == 3 else jnp.transpose(out, (0, 2, 1, 3))
 
@@ -657,10 +655,10 @@ def _gather_block_quantized(ctx):
         if jnp.shape(scales)[qa] != blocks:
             raise ctx.error(f"scales {jnp.shape(scales)} must have {blocks} blocks of {block} along axis {qa}")
         picked = checked_indices(ctx, indices, q.shape[ga], "data")
-        q = jnp.take(q, picked, axis=ga, mode="fill").astype(jnp.result_type(scales))
-        s = jnp.take(scales, picked, axis=ga, mode="fill")
+        q = take(q, picked, ga).astype(jnp.result_type(scales))
+        s = take(scales, picked, ga)
         if jnp.ndim(z):
-            z = jnp.take(z, picked, axis=ga, mode="fill")
+            z = take(z, picked, ga)
         axis = qa if qa < ga else qa + jnp.ndim(indices) - 1  # where the blocks' axis went after the gather
 
         def spread(t):  # one value per block -> one per element along that axis

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from optkit.onnx._ops._common import axis_index, axis_indices, checked_indices
+from optkit.onnx._ops._common import axis_index, axis_indices, checked_indices, take
 from optkit.onnx._ops._registry import ELEMENTWISE, Family, Layout, NodeContext
 
 OPS = Family("shape")
@@ -184,32 +184,9 @@ def _gather(ctx):
     def gather(x, indices):
         a = axis_index(ctx, axis, jnp.ndim(x))
         size = jnp.shape(x)[a]
-        indices = checked_indices(ctx, indices, size, f"axis {a}")
-        spec = _gather_sharding(x, indices, a)
-        if spec is not None:  # explicit mesh axes (JAX's default mesh): the output's sharding stated
-            where = (slice(None),) * a + (indices,)
-            return jnp.asarray(x).at[where].get(mode="fill", out_sharding=spec)
-        return jnp.take(x, indices, axis=a, mode="fill")
+        return take(x, checked_indices(ctx, indices, size, f"axis {a}"), a)
 
     return gather
-
-
-def _gather_sharding(x: Any, indices: Any, axis: int) -> Any:
-    """The output ``PartitionSpec`` of gathering ``x`` along ``axis`` by ``indices`` when either carries explicit
-    mesh axes (as arrays placed on ``jax.make_mesh``'s default, explicit axes do), which JAX then requires to be
-    stated: ``x``'s axes around ``axis``, ``indices``' axes in its place (a batch of token ids sharded over
-    ``"data"`` gives embeddings sharded the same way). None where nothing is sharded explicitly, or where the
-    gathered axis itself is (JAX's own rule then decides)."""
-    try:
-        x_spec = tuple(jax.typeof(x).sharding.spec)
-        i_spec = tuple(jax.typeof(indices).sharding.spec)
-    except (AttributeError, TypeError):
-        return None
-    x_spec += (None,) * (jnp.ndim(x) - len(x_spec))
-    i_spec += (None,) * (jnp.ndim(indices) - len(i_spec))
-    if all(s is None for s in (*x_spec, *i_spec)) or x_spec[axis] is not None:
-        return None
-    return jax.sharding.PartitionSpec(*x_spec[:axis], *i_spec, *x_spec[axis + 1:])
 
 
 @OPS.op("GatherElements", 11, 13)
