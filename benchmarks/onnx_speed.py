@@ -22,6 +22,7 @@ the machine's cores. Needs torch, torchvision and transformers (not optkit depen
     python -m benchmarks.onnx_speed --reverse-mode-only     # optkit's training step via to_jax(reverse_mode_only=True)
     python -m benchmarks.onnx_speed --hugepages             # rerun under GLIBC_TUNABLES=glibc.malloc.hugetlb=1
     python -m benchmarks.onnx_speed --small                 # inference at 1 x 32 x 32 and 2 x 64 x 64, 1 and 2 threads
+    python -m benchmarks.onnx_speed --depth                 # transformers at 2-24 layers, scan_layers on and off
 
 ``--small`` times the three convolutional models' inference where on-device users run them (batch 1 at 32 x 32,
 batch 2 at 64 x 64), each thread count in a child process pinned to that many cores, XLA:CPU limited to as many
@@ -332,7 +333,15 @@ def main(argv=None) -> None:
     parser.add_argument("--small", action="store_true",
                         help="only inference at 1 x 32 x 32 and 2 x 64 x 64, on 1 and 2 threads (CNNs)")
     parser.add_argument("--small-worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--depth", action="store_true",
+                        help="only the depth table: transformers at 2-24 layers with and without scan_layers "
+                             "(benchmarks.onnx_depth)")
     args = parser.parse_args(argv)
+    if args.depth:
+        from benchmarks import onnx_depth
+
+        onnx_depth.main(["--repeats", str(args.repeats)])
+        return
     if args.small_worker:
         import json
 

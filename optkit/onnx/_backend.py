@@ -30,6 +30,7 @@ from optkit.onnx._limits import Limits, jax_device
 from optkit.onnx._load import load
 from optkit.onnx._ops._common import on_cpu
 from optkit.onnx._protos import InputInfo, node_model
+from optkit.onnx._scan import layers_of
 from optkit.onnx._segments import SegmentedRun
 
 __all__ = ["Backend", "BackendRep", "prepare", "run_model", "run_node"]
@@ -113,7 +114,7 @@ class BackendRep(onnx.backend.base.BackendRep):
     """
 
     def __init__(self, loaded: Converted, device: Any, *, jit: bool = True, limits: Limits,
-                 checks: bool = False) -> None:
+                 checks: bool = False, scan_layers: bool | None = None) -> None:
         self.device: Any = device  # a jax.Device
         self.limits: Limits = limits
         self.model: onnx.ModelProto = loaded.model
@@ -130,6 +131,7 @@ class BackendRep(onnx.backend.base.BackendRep):
         self._functions: dict[Any, Any] = {}
         self._checked: set[Any] = set()
         self._segmented: dict[Any, SegmentedRun] = {}
+        self._layers = layers_of(loaded, scan_layers, False) if self._jit else None
 
     # -------------------------------------------------------------- running
 
@@ -198,7 +200,7 @@ class BackendRep(onnx.backend.base.BackendRep):
             # training graph compiles in 8 s instead of 21 s).
             fn = graph_function(self._functions, self.graph, self.outputs, static, dynamic, jit=self._jit,
                                 donate=donated, options=None if traced else self._options, checks=self._checks,
-                                reverse_only=not traced)
+                                reverse_only=not traced, layers=self._layers)
             if not self._jit:
                 # Op by op, NumPy values would be folded as constants: make them JAX arrays.
                 values = [jnp.asarray(v) for v in values]
@@ -292,6 +294,7 @@ def prepare(
     max_gradient_depth: int | None = None,
     max_gradient_passes: int | None = None,
     checks: bool = False,
+    scan_layers: bool | None = None,
 ) -> BackendRep:
     """Load an ONNX model for repeated runs (``Backend.prepare``).
 
@@ -311,6 +314,9 @@ def prepare(
         ``ScatterElements`` or ``ScatterND``, naming the node, as ONNX Runtime does
         (``jax.experimental.checkify``: ``checkify.JaxRuntimeError``, a ``ValueError``). Default False:
         such an index gives NaN or the type's fill value, never another element.
+      scan_layers: compile the model's repeated layers (identical blocks chained one into the next, as a
+        transformer's) as one ``jax.lax.scan`` over their stacked weights: True every run of 2 blocks or
+        more, False none, None (default) runs of 16 or more, as :func:`to_jax` (docs "Repeated layers").
 
     Returns:
       A :class:`BackendRep`; call its ``run(inputs)``.
@@ -338,7 +344,8 @@ def prepare(
     """
     placed = jax_device(device)
     limits = Limits.make(max_tensor_bytes, max_gradient_depth, placed, max_gradient_passes)
-    return BackendRep(load(model, limits, base_dir), placed, jit=jit, limits=limits, checks=checks)
+    return BackendRep(load(model, limits, base_dir), placed, jit=jit, limits=limits, checks=checks,
+                      scan_layers=scan_layers)
 
 
 def run_model(model: ModelSource, inputs: Any, device: str = "CPU", *, jit: bool = True,

@@ -33,6 +33,7 @@ from optkit.onnx._operators import Operators
 from optkit.onnx._ops._registry import GradientRequest, NodeContext, OpSpec
 from optkit.onnx._ops._values import TRAINING_DOMAIN, as_static, is_static, node_name, normalize_domain
 from optkit.onnx._protos import InputInfo, decode_graph, parse_attributes
+from optkit.onnx._scan import node_key
 
 __all__ = ["Converted", "Scope", "convert", "convert_graph"]
 
@@ -58,6 +59,8 @@ class Converted:
       facts: what loading found out about the model for the runners (:class:`~optkit.onnx._analysis.Facts`;
         set by the pipeline, None for a sub-graph).
       adapters: the initializers that ``lora=`` added (``<W>.lora_A``, ``<W>.lora_B``), set by the pipeline.
+      node_keys: each graph node's structural key (:func:`optkit.onnx._scan.node_key`; nodes with sub-graphs
+        have none): the repeated layers are found with them.
     """
 
     graph: Graph
@@ -70,6 +73,7 @@ class Converted:
     table_initializers: frozenset[str] = frozenset()
     facts: Facts | None = None
     adapters: tuple[str, ...] = ()
+    node_keys: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,9 +115,17 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     fused = _fused(g.node, scope.operators)
     layout = None if scope.subgraph else _plan_layout(g, declared, scope)
     moved: set[str] = set()
+    keys: dict[Any, Any] = {}
     for index, node in enumerate(g.node):
-        specs[index], node_captures = _add_node(graph, node, index, inner, fused.get(index, ()),
-                                                layout if layout and index in layout.nodes else None, moved)
+        planned = layout if layout and index in layout.nodes else None
+        count = len(graph.nodes)
+        specs[index], node_captures = _add_node(graph, node, index, inner, fused.get(index, ()), planned, moved)
+        if not node_captures:  # (the nodes of a planned node: the channels-last move, the node, its ONNX copy)
+            key = node_key(node, scope.operators.row(node)[1], fused.get(index, ()))
+            if planned is not None:
+                key += (planned.signature(node),)
+            for part, added in enumerate(graph.nodes[count:]):
+                keys[added] = (*key, part)
         captured += [c for c in dict.fromkeys(node_captures) if c not in defined and c not in captured]
     for name in captured:
         graph.add_input(name)
@@ -129,7 +141,8 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
                      static_initializers=static & set(declared.initializers),
                      table_initializers=frozenset(node.input[i] for index, node in enumerate(g.node)
                                                   for i in specs[index].table_inputs
-                                                  if i < len(node.input)) & set(declared.initializers))
+                                                  if i < len(node.input)) & set(declared.initializers),
+                     node_keys=keys)
 
 
 def _fused(nodes, operators: Operators) -> dict[int, tuple[onnx.NodeProto, ...]]:

@@ -23,6 +23,7 @@ import contextvars
 import logging
 import time
 import warnings
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,7 +37,7 @@ from optkit._src.graph.names import shape_text
 _log = logging.getLogger("optkit.onnx")
 
 __all__ = ["Feeds", "as_key", "graph_function", "index_checks", "index_checks_active", "random_key",
-           "random_key_active", "tracing",
+           "random_key_active", "node_streams", "node_stream", "tracing",
            "reverse_mode_only",
            "reverse_mode_only_active", "run_dtype"]
 
@@ -74,6 +75,25 @@ def random_key(key: Any) -> contextlib.AbstractContextManager[None]:
 def random_key_active() -> Any:
     """The key the graph being traced draws from, or None."""
     return _RANDOM_KEY.get()
+
+
+# Inside a scanned run of layers (optkit.onnx._scan): block 0's node names -> the traced stream number of the
+# block being run, so that each layer's random operators draw what they draw unrolled.
+_NODE_STREAMS = contextvars.ContextVar("optkit_onnx_node_streams", default=None)
+
+
+def node_streams(streams: Mapping[str, Any] | None) -> contextlib.AbstractContextManager[None]:
+    """Within this block, the nodes named in ``streams`` draw from the stream numbers given there."""
+    return _set(_NODE_STREAMS, streams)
+
+
+def node_stream(name: str) -> Any:
+    """The stream number a random node named ``name`` folds into the run's key: its name's CRC-32 (31 bits), or
+    inside a scanned run the number of the layer's node in its place."""
+    streams = _NODE_STREAMS.get()
+    if streams is not None and name in streams:
+        return streams[name]
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
 
 
 @contextlib.contextmanager
@@ -272,7 +292,7 @@ _TRUNCATED = r"Explicitly requested dtype (int64|uint64|float64|complex128) requ
 def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], static: dict[str, np.ndarray],
                    dynamic: tuple[str, ...], *, jit: bool = True, donate: tuple[int, ...] = (),
                    options: dict[str, Any] | None = None, reverse_only: bool = False, checks: bool = False,
-                   rng: bool = False):
+                   rng: bool = False, layers: Any = None):
     """``f(*values)`` -> the ``outputs`` of ``graph`` fed ``dynamic`` names positionally and ``static`` values as
     constants (the feeds checked by :class:`Feeds`), jitted with the ``donate`` positions donated and the XLA
     ``options``, traced for reverse-mode differentiation only if ``reverse_only`` (``to_jax``'s
@@ -282,7 +302,8 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
     ``reverse_only``, ``checks``, the caller's 64-bit setting and ``static`` values, kept in ``cache``. With
     ``rng``, ``f(key, *values)``: the random operators draw from the typed ``key`` (:func:`random_key`).
     Each call that compiles (the first, new input shapes or dtypes, new static values) is logged at INFO on the
-    ``optkit.onnx`` logger with its cause and its time."""
+    ``optkit.onnx`` logger with its cause and its time. ``layers`` (:class:`optkit.onnx._scan.Layers`, when
+    true) runs the graph's repeated blocks as scans."""
     key = (dynamic, donate, tuple(sorted((options or {}).items())), reverse_only, checks, rng,
            bool(jax.config.jax_enable_x64),
            tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
@@ -296,7 +317,8 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
             feeds.update(static)
             start = time.perf_counter()
             with tracing(reverse_only=reverse_only, checks=checks, key=drawn):
-                result = graph.evaluate(feeds, outputs, check_feeds=False)
+                result = (layers.evaluate(graph, feeds, outputs) if layers
+                          else graph.evaluate(feeds, outputs, check_feeds=False))
             if jit:
                 _log.info("traced the graph (%d nodes) in %.2f s", len(graph.nodes), time.perf_counter() - start)
             return tuple(result[name] for name in outputs)

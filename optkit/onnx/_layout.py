@@ -92,6 +92,13 @@ class Plan:
     def _role(self, node: onnx.NodeProto) -> str:
         return self.roles[node.output[0]]
 
+    def signature(self, node: onnx.NodeProto) -> tuple:
+        """What the planned ``node``'s functions depend on besides the node itself (its role, its output's rank,
+        which inputs are held, whether its ``X`` is moved): equal for the same node in two repeated layers."""
+        role = self._role(node)
+        return (role, self.ranks.get(node.output[0]), tuple(name in self.hidden for name in node.input),
+                role == "conv" and bool(node.input) and node.input[0] not in self.hidden)
+
     def inputs(self, graph: Graph, node: onnx.NodeProto, where: str, added: set[str]) -> list[str]:
         """The planned ``node``'s input names in ``graph``: held tensors by their own names; a ``Conv``'s ``X``
         that is not held, moved by a node added the first time (``added``: the ONNX names moved so far)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,7 +11,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import checkify
 
-from optkit.onnx._feeds import index_checks_active, random_key_active
+from optkit.onnx._feeds import index_checks_active, node_stream, random_key_active
 from optkit.onnx._ops._registry import NodeContext
 
 __all__ = ["on_cpu", "axis_index", "axis_indices", "is_integer", "lowest", "checked_indices", "below_max", "softmax",
@@ -25,7 +24,7 @@ def node_key(ctx: NodeContext, seed: Any = None) -> jax.Array:
     drawn = random_key_active()
     if drawn is None:
         return jax.random.key(int(seed) if seed is not None else 0)
-    return jax.random.fold_in(drawn, zlib.crc32(ctx.name.encode()) & 0x7FFFFFFF)
+    return jax.random.fold_in(drawn, node_stream(ctx.name))
 
 
 def axis_index(ctx: NodeContext, axis: int, rank: int, what: str = "axis") -> int:
