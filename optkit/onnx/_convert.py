@@ -116,16 +116,17 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     layout = None if scope.subgraph else _plan_layout(g, declared, scope)
     moved: set[str] = set()
     keys: dict[Any, Any] = {}
+    added = graph._tensors.nodes  # (the list itself: Graph.nodes copies it)
     for index, node in enumerate(g.node):
         planned = layout if layout and index in layout.nodes else None
-        count = len(graph.nodes)
+        count = len(added)
         specs[index], node_captures = _add_node(graph, node, index, inner, fused.get(index, ()), planned, moved)
         if not node_captures:  # (the nodes of a planned node: the channels-last move, the node, its ONNX copy)
             key = node_key(node, scope.operators.row(node)[1], fused.get(index, ()))
             if planned is not None:
                 key += (planned.signature(node),)
-            for part, added in enumerate(graph.nodes[count:]):
-                keys[added] = (*key, part)
+            for part in range(count, len(added)):
+                keys[added[part]] = (*key, part - count)
         captured += [c for c in dict.fromkeys(node_captures) if c not in defined and c not in captured]
     for name in captured:
         graph.add_input(name)

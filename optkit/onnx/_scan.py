@@ -48,12 +48,15 @@ import numpy as np
 from optkit import Graph
 from optkit._src.graph.nodes import GraphNode
 from optkit.onnx._feeds import node_streams, random_key_active
+from optkit.onnx._ops._common import sharded_like
 
 __all__ = ["Layers", "Run", "find_layers", "layers_of", "evaluate", "node_key", "MIN_BLOCK", "AUTO_MIN_BLOCKS"]
 
 _log = logging.getLogger("optkit.onnx")
 
 MIN_BLOCK = 8  # nodes in a block: shorter repeats (three projections side by side) are left unrolled
+MAX_BLOCK = 1024  # nodes in a block looked for (a LLaMA layer is 65-90 nodes, Optimum's GPT-2 layer 211)
+MAX_CUTS = 64  # cuts of candidate stretches checked, in all: the search stays bounded on a file from a stranger
 # Blocks in a run that scan_layers=None (the default) scans. Measured on XLA:CPU (benchmarks.onnx_depth, BERT
 # layout, hidden 128, batch 4 x 64, fresh processes): the scanned training step's first call (trace, compile,
 # run) is 2.60 / 3.44 / 3.60 / 4.93 s at 2 / 6 / 12 / 24 layers against 1.94 / 2.84 / 3.93 / 6.86 s unrolled,
@@ -133,7 +136,7 @@ def layers_of(loaded: Any, scan_layers: bool | None, remat_layers: bool) -> Laye
         raise TypeError(f"remat_layers must be True or False, got {remat_layers!r}")
     if scan_layers is not None and not scan_layers:
         return None
-    layers = find_layers(loaded.graph, loaded.node_keys)
+    layers = find_layers(loaded.graph, loaded.node_keys, AUTO_MIN_BLOCKS if scan_layers is None else 2)
     if scan_layers is None:
         kept = tuple(run for run in layers.runs if len(run.blocks) >= AUTO_MIN_BLOCKS)
         layers = Layers(kept, {node: r for r, run in enumerate(kept) for block in run.blocks for node in block})
@@ -145,13 +148,15 @@ def layers_of(loaded: Any, scan_layers: bool | None, remat_layers: bool) -> Laye
     return layers
 
 
-def find_layers(graph: Graph, keys: Mapping[Any, Hashable | None]) -> Layers:
-    """The runs of identical blocks in ``graph`` (a converted ONNX graph), given each node's structural key
-    (``keys``; a node without one, or keyed None, is never part of a block). Graphs with Gradient nodes are left
-    unrolled (their sub-graphs cut across layers)."""
+def find_layers(graph: Graph, keys: Mapping[Any, Hashable | None], min_blocks: int = 2) -> Layers:
+    """The runs of at least ``min_blocks`` identical blocks in ``graph`` (a converted ONNX graph), given each
+    node's structural key (``keys``; a node without one, or keyed None, is never part of a block). Graphs with
+    Gradient nodes are left unrolled (their sub-graphs cut across layers). Bounded work: blocks of
+    :data:`MIN_BLOCK` to :data:`MAX_BLOCK` nodes, :data:`MAX_CUTS` cuts checked (a graph of 65,536 nodes is
+    searched in about a second)."""
     analysis = graph._analyzed()._analysis
     order = list(analysis.order)
-    if len(order) < 2 * MIN_BLOCK or any(not isinstance(node, GraphNode) for node in order):
+    if len(order) < min_blocks * MIN_BLOCK or any(not isinstance(node, GraphNode) for node in order):
         return Layers((), {})
     ids: dict[Hashable, int] = {}
     codes = np.empty(len(order), np.int64)
@@ -159,11 +164,11 @@ def find_layers(graph: Graph, keys: Mapping[Any, Hashable | None]) -> Layers:
         key = keys.get(node)
         codes[i] = -1 - i if key is None else ids.setdefault(key, len(ids))
     candidates = []
-    for length in range(MIN_BLOCK, len(order) // 2 + 1):
+    for length in range(MIN_BLOCK, min(len(order) // min_blocks, MAX_BLOCK) + 1):
         same = codes[:-length] == codes[length:]
         edges = np.flatnonzero(np.diff(np.concatenate([[False], same, [False]]).astype(np.int8)))
         for start, stop in zip(edges[::2], edges[1::2]):
-            if stop - start >= length:  # periodic over [start, stop + length): two blocks or more
+            if stop - start >= (min_blocks - 1) * length:  # periodic over [start, stop + length)
                 candidates.append((int(stop - start + length), length, int(start), int(stop + length)))
     candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
     position = {node: i for i, node in enumerate(order)}
@@ -176,10 +181,13 @@ def find_layers(graph: Graph, keys: Mapping[Any, Hashable | None]) -> Layers:
     outputs = set(graph.outputs)
     taken = np.zeros(len(order), bool)
     runs: list[Run] = []
+    budget = [MAX_CUTS]
     for _, length, start, stop in candidates:
+        if budget[0] <= 0:
+            break
         if taken[start:stop].any():
             continue
-        run = _best_phase(order, position, producer, readers, outputs, length, start, stop)
+        run = _best_phase(order, position, producer, readers, outputs, length, start, stop, budget)
         if run is not None and run.carry:  # (blocks side by side, not chained: left to XLA's fusion)
             first = position[run.blocks[0][0]]
             taken[first:first + run.nodes] = True
@@ -188,16 +196,22 @@ def find_layers(graph: Graph, keys: Mapping[Any, Hashable | None]) -> Layers:
     return Layers(tuple(runs), member)
 
 
-def _best_phase(order, position, producer, readers, outputs, length, start, stop) -> Run | None:
+def _best_phase(order, position, producer, readers, outputs, length, start, stop, budget) -> Run | None:
     """The valid cut of the periodic stretch ``order[start:stop]`` into blocks of ``length`` nodes with the
-    most blocks, then the fewest carried tensors."""
+    most blocks, then the fewest carried tensors (the first with one carried tensor taken at once); each cut
+    checked spends one of ``budget[0]``."""
     best = None
     for phase in range(start, min(start + length, stop - 2 * length + 1)):
+        if budget[0] <= 0:
+            break
+        budget[0] -= 1
         count = (stop - phase) // length
         run = _cut(order, position, producer, readers, outputs, length, phase, count)
         if run is not None and (best is None or (len(run.blocks), -len(run.carry)) >
                                 (len(best.blocks), -len(best.carry))):
             best = run
+        if best is not None and len(best.carry) == 1 and len(best.blocks) == (stop - start) // length:
+            break
     return best
 
 
@@ -415,9 +429,9 @@ def _scanned(run: Run, env: Mapping[str, Any], remat: bool) -> dict[str, Any]:
 
 
 def _like(new: Any, old: Any) -> Any:
-    """The carry's new value in the old one's type: a weakly typed or NumPy initial value keeps its dtype; a
-    changed shape or dtype raises (the run is then unrolled)."""
+    """The carry's new value in the old one's type (its explicit mesh axes included); a changed shape or dtype
+    raises (the run is then unrolled)."""
     if np.shape(new) != np.shape(old) or jnp.result_type(new) != jnp.result_type(old):
         raise TypeError(f"the carried value changes from {jnp.result_type(old)}{list(np.shape(old))} to "
                         f"{jnp.result_type(new)}{list(np.shape(new))} across a block")
-    return new
+    return sharded_like(new, old)

@@ -22,6 +22,8 @@ if not has_devices():
     test_onnx_jax_on_8_simulated_cpu_devices = rerun_in_child(__file__)
 
 else:
+    import warnings
+
     import chex
     import jax.numpy as jnp
     import numpy as np
@@ -184,3 +186,59 @@ else:
             got = jax.jit(jax.value_and_grad(loss))(jax.device_put(params, NamedSharding(mesh, P())), sharded)
         np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-5)
         chex.assert_trees_all_close(got[1], want[1], rtol=1e-4, atol=1e-7)
+
+    EXPORTS_ON_THE_DEFAULT_MESH = {  # the export, what it exercises under explicit mesh axes
+        "torch_dynamo_gpt2": "a Reshape merging the sharded batch with the sequence",
+        "torch_dynamo_vit": "a replicated class token concatenated to sharded patches",
+        "torch_dynamo_whisper": "a batched MatMul of a sharded and a replicated operand",
+        "optimum/llama_o3": "a Gather along the sharded axis",
+        "torch_dynamo_gru": "a recurrent state that starts replicated",
+        "torch_torchscript_detection": "TopK's sort of a sharded key",
+        "sklearn/forest": "tree tables indexed by sharded rows",
+    }
+
+    def _feeds(apply_fn, data):
+        rng = np.random.default_rng(0)
+        feeds = {}
+        for info in apply_fn.inputs:
+            if info.name in data:
+                feeds[info.name] = data[info.name]
+            elif info.name.startswith("past_key_values"):  # (an empty cache: the first step)
+                feeds[info.name] = np.zeros((2, info.shape[1], 0, info.shape[3]), np.float32)
+            elif info.name == "attention_mask":
+                feeds[info.name] = np.ones((2, 8), np.int64)
+            elif "position" in info.name:
+                feeds[info.name] = np.tile(np.arange(8), (2, 1))
+            elif np.dtype(info.dtype).kind in "iu":  # token ids
+                feeds[info.name] = rng.integers(3, 90, (2, 8)).astype(np.int64)
+            else:
+                shape = [d if isinstance(d, int) else 2 for d in info.shape]
+                feeds[info.name] = rng.standard_normal(shape).astype(info.dtype)
+        return feeds
+
+    @pytest.mark.parametrize("name", sorted(EXPORTS_ON_THE_DEFAULT_MESH))
+    def test_exported_models_differentiate_data_parallel_on_the_default_mesh(name):
+        """Each export gives one device's loss and gradients with its batch sharded over ``data`` of
+        ``jax.make_mesh``'s default (explicit) axes (GPT-2 with its layers scanned as well)."""
+        path = pathlib.Path(__file__).parent / "models" / name
+        for scan in (False, True) if name == "torch_dynamo_gpt2" else (None,):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (the dynamo exporter's shared constants)
+                apply_fn, params = optkit.onnx.to_jax(f"{path}.onnx", scan_layers=scan)
+            assert bool(apply_fn._layers) is bool(scan)
+            data = np.load(f"{path}.npz") if path.with_suffix(".npz").exists() else {}
+            feeds = _feeds(apply_fn, data)
+
+            def loss(p, f, apply_fn=apply_fn):
+                out = apply_fn(p, f)
+                out = out if isinstance(out, tuple) else (out,)
+                return sum(jnp.mean(o ** 2) for o in out if jnp.issubdtype(o.dtype, jnp.floating))
+
+            want = jax.jit(jax.value_and_grad(loss))(params, feeds)
+            mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
+            with jax.set_mesh(mesh):
+                sharded = {k: jax.device_put(v, NamedSharding(mesh, P("data" if np.shape(v)[0] % 2 == 0 else None)))
+                           for k, v in feeds.items()}
+                got = jax.jit(jax.value_and_grad(loss))(jax.device_put(params, NamedSharding(mesh, P())), sharded)
+            np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-5)
+            chex.assert_trees_all_close(got[1], want[1], rtol=1e-4, atol=1e-6)

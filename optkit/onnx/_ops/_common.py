@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,8 +15,8 @@ from jax.experimental import checkify
 from optkit.onnx._feeds import index_checks_active, node_stream, random_key_active
 from optkit.onnx._ops._registry import NodeContext
 
-__all__ = ["on_cpu", "axis_index", "axis_indices", "is_integer", "lowest", "checked_indices", "below_max", "softmax",
-           "log_softmax"]
+__all__ = ["aligned", "sharded_like", "reshape", "reshape_sharding", "on_cpu", "axis_index", "axis_indices",
+           "is_integer", "lowest", "checked_indices", "below_max", "softmax", "log_softmax"]
 
 
 def node_key(ctx: NodeContext, seed: Any = None) -> jax.Array:
@@ -134,12 +135,121 @@ def gather_sharding(x: Any, indices: Any, axis: int) -> Any:
 def take(x: Any, indices: Any, axis: int, mode: str = "fill") -> Any:
     """``jnp.take(x, indices, axis, mode=mode)``, its output sharding stated where explicit mesh axes require it
     (:func:`gather_sharding`): every gather of a table by computed or fed indices (Gather, embeddings, rotary
-    caches) goes through here, so it runs on ``jax.make_mesh``'s default mesh with the indices sharded."""
+    caches) goes through here, so it runs on ``jax.make_mesh``'s default mesh with the indices sharded. A table
+    split along the gathered axis is gathered whole first (a mask built from the sharded batch, indexed)."""
+    x_spec = _explicit_spec(x)
+    if x_spec is not None and x_spec[axis] is not None:  # (rows picked from a table split along them: gathered)
+        x = jax.sharding.reshard(x, jax.sharding.PartitionSpec(*x_spec[:axis], None, *x_spec[axis + 1:]))
     spec = gather_sharding(x, indices, axis)
     if spec is not None:
         where = (slice(None),) * axis + (indices,)
         return jnp.asarray(x).at[where].get(mode=mode, out_sharding=spec)
     return jnp.take(x, indices, axis=axis, mode=mode)
+
+
+def _explicit_spec(x: Any) -> tuple | None:
+    """``x``'s ``PartitionSpec`` entries, one per axis, when it carries explicit mesh axes; else None."""
+    try:
+        spec = tuple(jax.typeof(x).sharding.spec)
+    except (AttributeError, TypeError):
+        return None
+    spec += (None,) * (jnp.ndim(x) - len(spec))
+    return None if all(s is None for s in spec) else spec
+
+
+def _axis_size(x: Any, entry: Any) -> int:
+    mesh = jax.typeof(x).sharding.mesh
+    names = entry if isinstance(entry, tuple) else (entry,)
+    return math.prod(mesh.shape[name] for name in names)
+
+
+def reshape_sharding(x: Any, shape: Sequence[int]) -> tuple[Any, Any] | None:
+    """Where ``x`` carries explicit mesh axes (``jax.make_mesh``'s default), the output ``PartitionSpec`` of
+    reshaping it to ``shape`` that JAX then requires, and the spec ``x`` must first take (its own, or with the
+    axes of a group of dimensions dropped where no sharding carries over): None where nothing is sharded
+    explicitly. Dimensions are matched in groups of equal product; a group whose major dimension alone is
+    sharded keeps that sharding on the major dimension of its reshaped group when that dimension divides by
+    the axis size (a batch sharded over ``data`` merged with the sequence: the same contiguous blocks)."""
+    spec = _explicit_spec(x)
+    source = tuple(jnp.shape(x))
+    if spec is None or 0 in source or 0 in shape:
+        return None
+    target, out, before = tuple(shape), [], list(spec)
+    i = j = 0
+    while i < len(source) or j < len(target):
+        si, sj = i, j
+        have = source[i] if i < len(source) else 1
+        want = target[j] if j < len(target) else 1
+        i, j = min(i + 1, len(source)), min(j + 1, len(target))
+        while have != want:
+            if have < want and i < len(source):
+                have, i = have * source[i], i + 1
+            elif want < have and j < len(target):
+                want, j = want * target[j], j + 1
+            else:
+                return None
+        group = spec[si:i]
+        width = j - sj
+        if all(s is None for s in group):
+            out += [None] * width
+        elif (group[0] is not None and all(s is None for s in group[1:]) and width
+              and target[sj] % _axis_size(x, group[0]) == 0):
+            out += [group[0]] + [None] * (width - 1)
+        else:  # (no sharding carries over: the group is gathered first)
+            before[si:i] = [None] * (i - si)
+            out += [None] * width
+    return jax.sharding.PartitionSpec(*out), jax.sharding.PartitionSpec(*before)
+
+
+def reshape(x: Any, shape: Sequence[int]) -> Any:
+    """``jnp.reshape(x, shape)``, its output sharding stated where explicit mesh axes require it
+    (:func:`reshape_sharding`): Reshape and Flatten go through here, so a batch sharded over ``data`` on
+    ``jax.make_mesh``'s default mesh may be merged with the sequence (GPT-2's attention)."""
+    specs = reshape_sharding(x, shape)
+    if specs is None:
+        return jnp.reshape(x, shape)
+    out, before = specs
+    if tuple(before) != tuple(_explicit_spec(x)):
+        x = jax.sharding.reshard(x, before)
+    return jnp.reshape(x, shape, out_sharding=out)
+
+
+def sharded_like(value: Any, like: Any) -> Any:
+    """``value`` with ``like``'s explicit mesh axes (a loop's new carried value in the type of the old one, which
+    JAX requires: a hidden state that the sharded batch made sharded, carried in a replicated one)."""
+    want, have = _explicit_spec(like), _explicit_spec(value)
+    if want == have:
+        return value
+    return jax.sharding.reshard(value, jax.sharding.PartitionSpec(*(want or (None,) * jnp.ndim(value))))
+
+
+def aligned(xs: Sequence[Any], skip: Sequence[int] = ()) -> list[Any]:
+    """Operands of one operation made to agree on explicit mesh axes (``jax.make_mesh``'s default), as JAX then
+    requires of a concatenation's or a batched matmul's operands: on each axis (counted from the right, as
+    broadcasting counts: ``skip`` lists those left alone, 1 being the last) where one operand is sharded over a
+    mesh axis, the others of the same size there that are not take that sharding too, by a local slice (a
+    replicated class token concatenated to patches sharded by the batch; a broadcast mask times sharded
+    scores). Unchanged where nothing is sharded explicitly."""
+    specs = [_explicit_spec(x) if x is not None else None for x in xs]
+    if all(spec is None for spec in specs):
+        return list(xs)
+    wanted: dict[int, tuple[Any, int]] = {}
+    for x, spec in zip(xs, specs):
+        for k in range(1, len(spec or ()) + 1):
+            if spec[-k] is not None and k not in skip:
+                wanted.setdefault(k, (spec[-k], jnp.shape(x)[-k]))
+    out = []
+    for x, spec in zip(xs, specs):
+        if x is None or not jnp.ndim(x):
+            out.append(x)
+            continue
+        own = list(spec or (None,) * jnp.ndim(x))
+        new = list(own)
+        for k, (entry, size) in wanted.items():
+            if k <= len(new) and new[-k] is None and jnp.shape(x)[-k] == size and entry not in new:
+                new[-k] = entry
+        out.append(x if new == own else jax.sharding.reshard(x, jax.sharding.PartitionSpec(*new)))
+    return out
 
 
 def _widened(x: Any) -> tuple[Any, Any]:

@@ -34,6 +34,7 @@ import numpy as np
 from jax import lax
 
 from optkit.onnx._errors import RUNS_IN_SEGMENTS, ValueDependentError
+from optkit.onnx._ops._common import sharded_like
 from optkit.onnx._ops._registry import Family
 from optkit.onnx._ops._values import as_static
 
@@ -72,7 +73,7 @@ def _carried(ctx, out, carry, what):
         if value.shape != old.shape:
             raise ValueDependentError(ctx.message(f"{what} {name!r} changes shape from {old.shape} to {value.shape} "
                                                   f"in the body: {RUNS_IN_SEGMENTS}"))
-    return new
+    return tuple(sharded_like(value, old) for value, old in zip(new, carry))
 
 
 # ----------------------------------------------------------------------------- If

@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 
 from optkit.onnx._errors import RUNS_IN_SEGMENTS, ValueDependentError
-from optkit.onnx._ops._common import axis_index, checked_indices
+from optkit.onnx._ops._common import axis_index, checked_indices, sharded_like
 from optkit.onnx._ops._registry import Family
 from optkit.onnx._ops._values import as_static, onnx_dtype
 
@@ -85,7 +85,11 @@ def _top_k(ctx):
         # Ties keep the lower index first, as ONNX specifies: a stable sort on (value, index).
         # Descending by a key that reverses the order exactly: ~x for integers (-x wraps), -x for floats.
         key = (jnp.invert(moved) if jnp.issubdtype(moved.dtype, jnp.integer) else -moved) if largest else moved
-        order = jnp.argsort(key, axis=-1, stable=True)[..., :k]
+        # (jnp.argsort's own iota would be unsharded next to a key split over explicit mesh axes: lax.sort refuses)
+        # (the order has no derivative: the values taken by it carry the gradient)
+        key = lax.stop_gradient(key)
+        iota = sharded_like(lax.broadcasted_iota(jnp.int32, key.shape, key.ndim - 1), key)
+        order = lax.sort((key, iota), dimension=key.ndim - 1, is_stable=True, num_keys=1)[1][..., :k]
         if not ordered:
             order = jnp.sort(order, axis=-1)
         values = jnp.take_along_axis(moved, order, axis=-1)

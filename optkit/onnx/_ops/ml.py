@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from optkit.onnx._ops._common import aligned, take
 from optkit.onnx._ops._registry import Family
 
 OPS = Family("ml", "ai.onnx.ml")
@@ -112,7 +113,7 @@ def _linear_classifier(ctx):
             return label, z.astype(jnp.float32)
         if w.shape[0] != len(labels):
             raise ctx.error(f"{w.shape[0]} rows of coefficients for {len(labels)} class labels")
-        label = jnp.asarray(labels)[jnp.argmax(scores, axis=1)]
+        label = take(jnp.asarray(labels), jnp.argmax(scores, axis=1), 0)
         return label, transform(scores).astype(jnp.float32)
 
     return linear_classifier
@@ -257,16 +258,17 @@ class _Trees:
     def leaves(self, x):
         """(N, trees) the leaf each row reaches in each tree."""
         node = jnp.broadcast_to(jnp.asarray(self.roots), (x.shape[0], len(self.roots)))
+        node = aligned((x, node), skip=(1,))[1]  # (split as the rows are, under explicit mesh axes)
         mode, feature = jnp.asarray(self.mode), jnp.asarray(self.feature)
         value = jnp.asarray(self.value, x.dtype)
         true, false, missing_true = jnp.asarray(self.true), jnp.asarray(self.false), jnp.asarray(self.missing_true)
         for _ in range(self.depth):
-            m, v = mode[node], value[node]
-            f = jnp.take_along_axis(x, feature[node], axis=1)
+            m, v = take(mode, node, 0), take(value, node, 0)
+            f = jnp.take_along_axis(x, take(feature, node, 0), axis=1)
             go = jnp.select([m == 0, m == 1, m == 2, m == 3, m == 4, m == 5],
                             [f <= v, f < v, f >= v, f > v, f == v, f != v], False)
-            go = jnp.where(jnp.isnan(f), missing_true[node], go)
-            node = jnp.where(m == 6, node, jnp.where(go, true[node], false[node]))
+            go = jnp.where(jnp.isnan(f), take(missing_true, node, 0), go)
+            node = jnp.where(m == 6, node, jnp.where(go, take(true, node, 0), take(false, node, 0)))
         return node
 
 
@@ -275,7 +277,7 @@ def _tree_scores(ctx, trees, x, base):
     aggregate = ctx.attrs.get("aggregate_function", "SUM")
     aggregate = aggregate.decode() if isinstance(aggregate, bytes) else aggregate
     leaves = trees.leaves(x)
-    scores = jnp.sum(jnp.asarray(trees.weights, x.dtype)[leaves], axis=1)
+    scores = jnp.sum(take(jnp.asarray(trees.weights, x.dtype), leaves, 0), axis=1)
     if aggregate == "AVERAGE":
         scores = scores / len(trees.roots)
     elif aggregate != "SUM":
@@ -328,6 +330,6 @@ def _tree_ensemble_classifier(ctx):
                 return jnp.where(t > 0.5, labels[1], labels[0]), jnp.stack([1 - t, t], axis=1).astype(jnp.float32)
             z = transform(jnp.stack([-s, s], axis=1))
             return jnp.where(s > 0, labels[1], labels[0]), z.astype(jnp.float32)
-        return jnp.asarray(labels)[jnp.argmax(scores, axis=1)], transform(scores).astype(jnp.float32)
+        return take(jnp.asarray(labels), jnp.argmax(scores, axis=1), 0), transform(scores).astype(jnp.float32)
 
     return tree_ensemble_classifier

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from optkit.onnx._feeds import reverse_mode_only_active
-from optkit.onnx._ops._common import axis_index, log_softmax, on_cpu, softmax
+from optkit.onnx._ops._common import aligned, axis_index, log_softmax, on_cpu, softmax
 from optkit.onnx._ops._registry import Family, Layout
 from optkit.onnx._ops._window import (
     Window,
@@ -29,7 +29,12 @@ OPS = Family("nn")
 
 @OPS.op("MatMul", 1, 9, 13)
 def _matmul(ctx):
-    return jnp.matmul
+    def matmul(a, b):
+        if jnp.ndim(a) > 2 and jnp.ndim(b) > 2:  # (batch axes sharded on one operand only: both)
+            a, b = aligned((a, b), skip=(1, 2))
+        return jnp.matmul(a, b)
+
+    return matmul
 
 
 @OPS.op("Gemm", 6, 7, 9, 11, 13)

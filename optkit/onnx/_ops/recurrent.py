@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from optkit.onnx._ops._common import aligned, sharded_like
 from optkit.onnx._ops._registry import Family, NodeContext
 
 OPS = Family("recurrent")
@@ -159,9 +160,11 @@ def _recurrent(ctx, kind: str, gates: int, defaults: list[str], outputs: int):
                 valid = (t < lengths)[:, None]
                 h_new = jnp.where(valid, h_new, h)
                 c_new = c if c_new is None else jnp.where(valid, c_new, c)
-                return (h_new, c_new), jnp.where(valid, h_new, 0)
+                return (sharded_like(h_new, h), sharded_like(c_new, c)), jnp.where(valid, h_new, 0)
 
-            (h_last, c_last), y = lax.scan(step, (h0[d], c0[d]), (x_proj, jnp.arange(steps)))
+            # (the initial state split as the batch is, under explicit mesh axes)
+            h_init, c_init = aligned((x_proj[0], h0[d], c0[d]), skip=(1,))[1:]
+            (h_last, c_last), y = lax.scan(step, (h_init, c_init), (x_proj, jnp.arange(steps)))
             ys.append(_reverse_valid(y, lengths) if reverse else y)
             hs.append(h_last)
             cs.append(c_last)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from optkit.onnx._ops._common import axis_index, axis_indices, checked_indices, take
+from optkit.onnx._ops._common import aligned, axis_index, axis_indices, checked_indices, reshape, take
 from optkit.onnx._ops._registry import ELEMENTWISE, Family, Layout, NodeContext
 
 OPS = Family("shape")
@@ -33,7 +33,7 @@ def _flatten(ctx):
             raise ctx.error(f"axis {axis} is out of range for a tensor of rank {rank}")
         a = axis % rank if axis < 0 else axis
         shape = jnp.shape(x)
-        return jnp.reshape(x, (math.prod(shape[:a]), math.prod(shape[a:])))
+        return reshape(x, (math.prod(shape[:a]), math.prod(shape[a:])))
 
     return flatten
 
@@ -42,7 +42,7 @@ def _flatten(ctx):
 def _reshape(ctx):
     allowzero = bool(ctx.attrs.get("allowzero", 0))
 
-    def reshape(x, shape):
+    def reshape_node(x, shape):
         target = [int(d) for d in shape.reshape(-1)]
         source = jnp.shape(x)
         if target.count(-1) > 1:
@@ -68,9 +68,9 @@ def _reshape(ctx):
         if math.prod(resolved) != math.prod(source):
             raise ctx.error(f"cannot reshape a tensor of shape {source} to {target} "
                             f"(resolved: {resolved})")
-        return jnp.reshape(x, resolved)
+        return reshape(x, resolved)
 
-    return reshape
+    return reshape_node
 
 
 @OPS.op("Transpose", 1, 13, 21, 23, 24, 25, layout=Layout("transpose"))
@@ -100,7 +100,7 @@ def _concat(ctx):
         if len(others) != 1:
             raise ctx.error(f"the inputs must have one rank and the same sizes except on axis {axis}, got shapes "
                             f"{[jnp.shape(x) for x in xs]}")
-        return jnp.concatenate(xs, axis=a)
+        return jnp.concatenate(aligned(xs, skip=(jnp.ndim(xs[0]) - a,)), axis=a)
 
     return concat
 
