@@ -139,11 +139,13 @@ def take(x: Any, indices: Any, axis: int, mode: str = "fill") -> Any:
     split along the gathered axis is gathered whole first (a mask built from the sharded batch, indexed)."""
     x_spec = _explicit_spec(x)
     if x_spec is not None and x_spec[axis] is not None:  # (rows picked from a table split along them: gathered)
-        x = jax.sharding.reshard(x, jax.sharding.PartitionSpec(*x_spec[:axis], None, *x_spec[axis + 1:]))
+        whole = jax.sharding.PartitionSpec(*x_spec[:axis], None, *x_spec[axis + 1:])
+        x = jax.sharding.reshard(x, _named(x, whole))
     spec = gather_sharding(x, indices, axis)
     if spec is not None:
         where = (slice(None),) * axis + (indices,)
-        return jnp.asarray(x).at[where].get(mode=mode, out_sharding=spec)
+        placed = _named(indices if _explicit_spec(x) is None else x, spec)
+        return jnp.asarray(x).at[where].get(mode=mode, out_sharding=placed)
     return jnp.take(x, indices, axis=axis, mode=mode)
 
 
@@ -155,6 +157,12 @@ def _explicit_spec(x: Any) -> tuple | None:
         return None
     spec += (None,) * (jnp.ndim(x) - len(spec))
     return None if all(s is None for s in spec) else spec
+
+
+def _named(x: Any, spec: Any) -> Any:
+    """``spec`` on the mesh ``x``'s type carries (a ``NamedSharding``: JAX takes a bare ``PartitionSpec`` only
+    under ``jax.set_mesh``, and arrays placed with a ``NamedSharding`` of explicit axes carry them without)."""
+    return jax.sharding.NamedSharding(jax.typeof(x).sharding.mesh, spec)
 
 
 def _axis_size(x: Any, entry: Any) -> int:
@@ -210,8 +218,8 @@ def reshape(x: Any, shape: Sequence[int]) -> Any:
         return jnp.reshape(x, shape)
     out, before = specs
     if tuple(before) != tuple(_explicit_spec(x)):
-        x = jax.sharding.reshard(x, before)
-    return jnp.reshape(x, shape, out_sharding=out)
+        x = jax.sharding.reshard(x, _named(x, before))
+    return jnp.reshape(x, shape, out_sharding=_named(x, out))
 
 
 def sharded_like(value: Any, like: Any) -> Any:
@@ -220,7 +228,8 @@ def sharded_like(value: Any, like: Any) -> Any:
     want, have = _explicit_spec(like), _explicit_spec(value)
     if want == have:
         return value
-    return jax.sharding.reshard(value, jax.sharding.PartitionSpec(*(want or (None,) * jnp.ndim(value))))
+    spec = jax.sharding.PartitionSpec(*(want or (None,) * jnp.ndim(value)))
+    return jax.sharding.reshard(value, _named(like if want is not None else value, spec))
 
 
 def aligned(xs: Sequence[Any], skip: Sequence[int] = ()) -> list[Any]:
@@ -248,7 +257,8 @@ def aligned(xs: Sequence[Any], skip: Sequence[int] = ()) -> list[Any]:
         for k, (entry, size) in wanted.items():
             if k <= len(new) and new[-k] is None and jnp.shape(x)[-k] == size and entry not in new:
                 new[-k] = entry
-        out.append(x if new == own else jax.sharding.reshard(x, jax.sharding.PartitionSpec(*new)))
+        out.append(x if new == own else jax.sharding.reshard(x, _named(next(
+            v for v, spec in zip(xs, specs) if spec is not None), jax.sharding.PartitionSpec(*new))))
     return out
 
 
