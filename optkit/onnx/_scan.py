@@ -57,10 +57,10 @@ _log = logging.getLogger("optkit.onnx")
 MIN_BLOCK = 8  # nodes in a block: shorter repeats (three projections side by side) are left unrolled
 MAX_BLOCK = 1024  # nodes in a block looked for (a LLaMA layer is 65-90 nodes, Optimum's GPT-2 layer 211)
 MAX_CUTS = 64  # cuts of candidate stretches checked, in all: the search stays bounded on a file from a stranger
-# Blocks in a run that scan_layers=None (the default) scans. Measured on XLA:CPU (benchmarks.onnx_depth, BERT
-# layout, hidden 128, batch 4 x 64, fresh processes): the scanned training step's first call (trace, compile,
-# run) is 2.60 / 3.44 / 3.60 / 4.93 s at 2 / 6 / 12 / 24 layers against 1.94 / 2.84 / 3.93 / 6.86 s unrolled,
-# and its steady step 1.13-1.54x the unrolled one's (the weights stacked at every call).
+# Blocks in a run that scan_layers=None (the default) scans. Measured on XLA:CPU (benchmarks.onnx_depth, hidden 128,
+# batch 4 x 64, fresh processes), the training step's first call (trace, compile, run) scanned / unrolled: BERT
+# 2.6 / 1.9 s at 2 layers, 3.6 / 3.9 s at 12, 4.9 / 6.9 s at 24; GPT-2 4.0 / 6.4 s and LLaMA 5.3 / 4.6 s at 16;
+# the steady step 1.1-1.5x the unrolled one's from 6 layers on (the weights stacked at every call).
 AUTO_MIN_BLOCKS = 16
 
 

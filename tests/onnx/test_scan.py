@@ -229,17 +229,17 @@ def test_an_onnx_module_trains_the_scanned_model_as_the_unrolled_one():
 
 # ------------------------------------------------------------------ exported models
 
-EXPORTS = {  # the fixture, its runs as (blocks, nodes per block)
-    "torch_torchscript_bert": [(2, 45)],
-    "torch_dynamo_bert": [(2, 37)],
-    "torch_dynamo_gpt2": [(2, 44)],
-    "torch_dynamo_llama": [(2, 65)],
-    "torch_dynamo_llama_opset23": [(2, 43)],
-    "torch_torchscript_vit": [(2, 45)],
-    "torch_dynamo_transformer_encoder": [(2, 40)],
-    "torch_torchscript_mobilenet_v3_small": [(2, 24), (2, 24)],
-    "quantized/ort_int8_gpt2": [(2, 64)],
-    "quantized/ort_int4_llama": [(2, 65)],
+EXPORTS = {  # the fixture, its runs as (blocks, nodes per block), and whether gradients are compared too
+    "torch_torchscript_bert": ([(2, 45)], True),
+    "torch_dynamo_bert": ([(2, 37)], False),
+    "torch_dynamo_gpt2": ([(2, 44)], True),
+    "torch_dynamo_llama": ([(2, 65)], True),
+    "torch_dynamo_llama_opset23": ([(2, 43)], False),
+    "torch_torchscript_vit": ([(2, 45)], False),
+    "torch_dynamo_transformer_encoder": ([(2, 40)], False),
+    "torch_torchscript_mobilenet_v3_small": ([(2, 24), (2, 24)], True),
+    "quantized/ort_int8_gpt2": ([(2, 64)], True),
+    "quantized/ort_int4_llama": ([(2, 65)], False),
 }
 
 
@@ -250,7 +250,8 @@ def test_exported_models_scan_their_layers_with_onnx_runtimes_values_and_the_unr
         warnings.simplefilter("ignore")  # (the dynamo exporter's shared constants)
         scanned, params = optkit.onnx.to_jax(model, scan_layers=True)
         unrolled, _ = optkit.onnx.to_jax(model, scan_layers=False)
-    assert [(len(r.blocks), len(r.blocks[0])) for r in scanned._layers.runs] == EXPORTS[name]
+    runs, gradients = EXPORTS[name]
+    assert [(len(r.blocks), len(r.blocks[0])) for r in scanned._layers.runs] == runs
     data = np.load(MODELS / f"{name}.npz")
     feeds = {info.name: data[info.name] for info in scanned.inputs if info.name in data}
     out = scanned(params, feeds)
@@ -259,6 +260,8 @@ def test_exported_models_scan_their_layers_with_onnx_runtimes_values_and_the_unr
     for got, want in zip(out, expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
     assert not scanned._layers.unrolled
+    if not gradients:  # (the same scan code as the others: compared on five exports, for the suite's time)
+        return
     weights = np.random.default_rng(0).standard_normal(np.shape(out[0])).astype(np.float32)
 
     def loss(fn):
