@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import statistics
-import time
 import warnings
 
 import numpy as np
@@ -56,16 +54,6 @@ def _module(family: str, layers: int):
     return First()
 
 
-def _median(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def measure(family: str, layers: int, exporter: str, repeats: int) -> dict:
     """One row: torch eager's steps here, optkit's in a fresh process per form (nothing compiled or warmed up
     before its first step, as a new user's)."""
@@ -76,6 +64,8 @@ def measure(family: str, layers: int, exporter: str, repeats: int) -> dict:
 
     import onnxruntime
     import torch
+
+    from benchmarks.onnx_speed import torch_steps
 
     module = _module(family, layers).eval()
     ids = torch.randint(0, VOCAB, (BATCH, LENGTH))
@@ -88,21 +78,8 @@ def measure(family: str, layers: int, exporter: str, repeats: int) -> dict:
     feed = ids.numpy()
     expected = onnxruntime.InferenceSession(buffer.getvalue(), providers=["CPUExecutionProvider"]).run(
         None, {"input": feed})[0]
-    with torch.no_grad():
-        target = torch.randn_like(module(ids))
-    module.train()
-    opt = torch.optim.Adam(module.parameters(), lr=1e-4)
-
-    def torch_step():
-        opt.zero_grad()
-        loss = torch.mean((module(ids) - target) ** 2)
-        loss.backward()
-        opt.step()
-
-    start = time.perf_counter()
-    torch_step()
-    row = {"family": family, "layers": layers, "exporter": exporter, "torch_first_s": time.perf_counter() - start,
-           "torch_step_s": _median(torch_step, repeats)}
+    target, first, steady = torch_steps(module, ids, repeats)
+    row = {"family": family, "layers": layers, "exporter": exporter, "torch_first_s": first, "torch_step_s": steady}
     with tempfile.TemporaryDirectory() as tmp:
         with open(f"{tmp}/model.onnx", "wb") as f:
             f.write(buffer.getvalue())

@@ -101,6 +101,28 @@ def _median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def torch_steps(module, x, repeats: int) -> tuple:
+    """torch eager's training step on ``module`` at ``x`` (MSE against a random target, ``torch.optim.Adam``):
+    the target, the first step's seconds and the median of ``repeats`` steps' seconds."""
+    import torch
+
+    with torch.no_grad():
+        target = torch.randn_like(module(x))
+    module.train()
+    opt = torch.optim.Adam(module.parameters(), lr=1e-4)
+
+    def torch_step():
+        opt.zero_grad()
+        loss = torch.mean((module(x) - target) ** 2)
+        loss.backward()
+        opt.step()
+
+    start = time.perf_counter()
+    torch_step()
+    first = time.perf_counter() - start
+    return target, first, _median_time(torch_step, repeats)
+
+
 def measure(name: str, batch: int, repeats: int, threads: int, cache: bool = False,
             reverse_mode_only: bool = False) -> dict:
     import jax
@@ -135,21 +157,7 @@ def measure(name: str, batch: int, repeats: int, threads: int, cache: bool = Fal
     row["optkit_inference_s"] = _median_time(lambda: rep.run([feed]), repeats)
 
     # Training: torch eager.
-    with torch.no_grad():
-        target = torch.randn_like(module(x))
-    module.train()
-    opt = torch.optim.Adam(module.parameters(), lr=1e-4)
-
-    def torch_step():
-        opt.zero_grad()
-        loss = torch.mean((module(x) - target) ** 2)
-        loss.backward()
-        opt.step()
-
-    start = time.perf_counter()
-    torch_step()
-    row["torch_first_step_s"] = time.perf_counter() - start
-    row["torch_step_s"] = _median_time(torch_step, repeats)
+    target, row["torch_first_step_s"], row["torch_step_s"] = torch_steps(module, x, repeats)
 
     # Training: optkit (the exported model as a JAX function).
     start = time.perf_counter()

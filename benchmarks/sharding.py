@@ -24,6 +24,7 @@ in a fresh process if JAX was started with fewer)::
     python -m benchmarks.sharding           # the example's model and GPT-2 small size, under a minute
     python -m benchmarks.sharding --quick   # the example's model only (seconds; CI smoke test)
     python -m benchmarks.sharding --zero    # replicated vs ZeRO-1 vs FSDP bytes per device (optkit.state_sharding)
+    python -m benchmarks.sharding --zero --exported model.onnx   # and an exported model's parameters
 """
 
 from __future__ import annotations
@@ -144,9 +145,14 @@ def zero_rows(configs, devices):
     replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
     rows = []
     for label, cfg in configs.items():
-        with jax.set_mesh(mesh):
-            model = nnx.eval_shape(lambda cfg=cfg: Transformer(cfg, rngs=nnx.Rngs(0)))
-        shapes = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        if isinstance(cfg, str):  # an exported ONNX model: to_jax's params
+            import optkit.onnx
+
+            shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in optkit.onnx.to_jax(cfg)[1].items()}
+        else:
+            with jax.set_mesh(mesh):
+                model = nnx.eval_shape(lambda cfg=cfg: Transformer(cfg, rngs=nnx.Rngs(0)))
+            shapes = nnx.to_pure_dict(nnx.state(model, nnx.Param))
         params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), shapes)
         param_bytes = max(bytes_per_device(params, jax.tree.map(lambda a: a.sharding, params), devices).values())
         for name, tx in (("optkit.adam", optkit.adam(1e-3)), ("optkit.adafactor", optkit.adafactor()),
@@ -187,6 +193,9 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help="the example's model only (seconds)")
     parser.add_argument("--zero", action="store_true", help="replicated vs ZeRO-1 vs FSDP bytes per device on an "
                                                             "8-device data mesh (optkit.state_sharding)")
+    parser.add_argument("--exported", nargs="*", default=[], metavar="MODEL.onnx",
+                        help="with --zero: also these exported ONNX models' parameters (optkit.onnx.to_jax), e.g. "
+                             "a DistilBERT written by torch.onnx")
     args = parser.parse_args(argv)
     try:
         cpu = jax.devices("cpu")
@@ -201,6 +210,8 @@ def main(argv=None) -> None:
         if not args.quick:
             configs["GPT-2 small size (d=768, 12 layers)"] = TransformerConfig(
                 vocab_size=256, d_model=768, num_heads=12, num_layers=12, max_len=1024)
+        for path in args.exported:
+            configs[f"exported: {os.path.basename(path)}"] = path
         print(f"## ZeRO-1 and FSDP: optimizer state per device on {NUM_DEVICES} simulated devices, one 'data' axis "
               f"(jax {jax.__version__})\n")
         print(markdown_table(
