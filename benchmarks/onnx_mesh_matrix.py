@@ -6,7 +6,7 @@ onnxruntime-genai's builder, skl2onnx): ``optkit.onnx.to_jax`` (``scan_layers=Tr
 ``(data, model)`` mesh of all 8 devices, once with ``AxisType.Explicit`` axes (``jax.make_mesh``'s default) and
 once with ``AxisType.Auto``, under ``jax.set_mesh``: the feeds' batch (the fixtures' batch of 2) sharded over
 ``data``, the parameters replicated. A row says ``ok`` when the largest difference of the loss and gradients is at
-most 1e-4 of the largest gradient (float16 models: their own rounding), and the error otherwise.
+most 1e-4 of the largest gradient (2e-3 for float16 weights: their own rounding), and the error otherwise.
 
 Feeds: the fixture's recorded inputs where its ``.npz`` has them; else token ids in [3, 90), an all-ones attention
 mask, positions 0..7, zero token types, an empty KV cache, normal floats (symbolic dimensions: batch 2, others 8).
@@ -84,6 +84,8 @@ def row(name: str) -> list[str]:
     except Exception as err:  # noqa: BLE001 - reported, not raised: the feeds this script makes do not fit
         return [name, "", f"not run: one device raised {type(err).__name__}: {str(err).splitlines()[0][:120]}", ""]
     scale = max([1e-30, *(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(want))])
+    half = any(jnp.dtype(v.dtype) == jnp.float16 for v in jax.tree.leaves(params))
+    tolerance = 2e-3 if half else 1e-4  # (float16 sums of another order differ by their own rounding)
     cells = []
     for kind in (AxisType.Explicit, AxisType.Auto):
         mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(kind, kind))
@@ -94,7 +96,7 @@ def row(name: str) -> list[str]:
                            for k, v in feeds.items()}
                 got = jax.jit(jax.value_and_grad(loss))(jax.device_put(params, NamedSharding(mesh, P())), sharded)
             err = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
-            cells.append(f"{'ok' if err <= 1e-4 * scale else 'DIFF'} ({err / scale:.1e})")
+            cells.append(f"{'ok' if err <= tolerance * scale else 'DIFF'} ({err / scale:.1e})")
         except Exception as e:  # noqa: BLE001 - the row says what failed
             cells.append(f"FAIL {type(e).__name__}: {str(e).splitlines()[0][:120]}")
     return [name, "scanned" if apply_fn._layers else "", *cells]
