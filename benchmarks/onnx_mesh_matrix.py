@@ -9,7 +9,8 @@ once with ``AxisType.Auto``, under ``jax.set_mesh``: the feeds' batch (the fixtu
 most 1e-4 of the largest gradient (2e-3 for float16 weights: their own rounding), and the error otherwise.
 
 Feeds: the fixture's recorded inputs where its ``.npz`` has them; else token ids in [3, 90), an all-ones attention
-mask, positions 0..7, zero token types, an empty KV cache, normal floats (symbolic dimensions: batch 2, others 8).
+mask, positions 0..7, zero token types, an empty KV cache (a cross-attention cache of 8 positions), normal floats
+(symbolic dimensions: batch 2, others 8).
 Run from the repository root (it sets ``XLA_FLAGS`` for 8 CPU devices itself)::
 
     python -m benchmarks.onnx_mesh_matrix                      # every fixture (a few minutes on 2 cores)
@@ -47,9 +48,9 @@ def feeds_for(apply_fn, data) -> dict:
         dims = list(info.shape or ())
         if info.name in data:
             feeds[info.name] = data[info.name]
-        elif info.name.startswith("past"):
-            feeds[info.name] = np.zeros([2, dims[1] if isinstance(dims[1], int) else 1, 0,
-                                         dims[3] if isinstance(dims[3], int) else 16], np.float32)
+        elif info.name.startswith("past"):  # an empty self-attention cache; a cross-attention one of 8 positions
+            feeds[info.name] = np.zeros([2, dims[1] if isinstance(dims[1], int) else 1, 8 if "encoder" in info.name
+                                         else 0, dims[3] if isinstance(dims[3], int) else 16], np.float32)
         elif "attention_mask" in info.name:
             feeds[info.name] = np.ones((2, 8), np.int64)
         elif "token_type" in info.name:

@@ -146,9 +146,9 @@ def zero_rows(configs, devices):
     rows = []
     for label, cfg in configs.items():
         if isinstance(cfg, str):  # an exported ONNX model: to_jax's params
-            import optkit.onnx
+            import optkit.onnx as optkit_onnx
 
-            shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in optkit.onnx.to_jax(cfg)[1].items()}
+            shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in optkit_onnx.to_jax(cfg)[1].items()}
         else:
             with jax.set_mesh(mesh):
                 model = nnx.eval_shape(lambda cfg=cfg: Transformer(cfg, rngs=nnx.Rngs(0)))
