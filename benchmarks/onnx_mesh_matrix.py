@@ -75,8 +75,12 @@ def row(name: str) -> list[str]:
     npz = MODELS / f"{name}.npz"
     feeds = feeds_for(apply_fn, np.load(npz) if npz.exists() else {})
 
+    # a boolean input (Optimum's use_cache_branch) is closed over, as a caller does: the If picks its branch
+    flags = {k: v for k, v in feeds.items() if np.asarray(v).dtype == bool}
+    feeds = {k: v for k, v in feeds.items() if k not in flags}
+
     def loss(p, f):
-        out = apply_fn(p, f)
+        out = apply_fn(p, {**f, **flags})
         out = out if isinstance(out, tuple) else (out,)
         return sum(jnp.mean(o.astype(jnp.float32) ** 2) for o in out if jnp.issubdtype(o.dtype, jnp.floating))
 
