@@ -120,16 +120,13 @@ def gather_sharding(x: Any, indices: Any, axis: int) -> Any:
     stated: ``x``'s axes around ``axis``, ``indices``' axes in its place (a batch of token ids sharded over
     ``"data"`` gives embeddings sharded the same way). None where nothing is sharded explicitly, or where the
     gathered axis itself is (JAX's own rule then decides)."""
-    try:
-        x_spec = tuple(jax.typeof(x).sharding.spec)
-        i_spec = tuple(jax.typeof(indices).sharding.spec)
-    except (AttributeError, TypeError):
+    x_spec, i_spec = _explicit_spec(x), _explicit_spec(indices)
+    if x_spec is None and i_spec is None:
         return None
-    x_spec += (None,) * (jnp.ndim(x) - len(x_spec))
-    i_spec += (None,) * (jnp.ndim(indices) - len(i_spec))
-    if all(s is None for s in (*x_spec, *i_spec)) or x_spec[axis] is not None:
+    x_spec = x_spec or (None,) * jnp.ndim(x)
+    if x_spec[axis] is not None:
         return None
-    return jax.sharding.PartitionSpec(*x_spec[:axis], *i_spec, *x_spec[axis + 1:])
+    return jax.sharding.PartitionSpec(*x_spec[:axis], *(i_spec or (None,) * jnp.ndim(indices)), *x_spec[axis + 1:])
 
 
 def take(x: Any, indices: Any, axis: int, mode: str = "fill") -> Any:
