@@ -1,7 +1,7 @@
 """ONNX Runtime's fused attention and embedding operators that its transformer optimizer and Optimum write
 (``com.microsoft`` ``Attention``, ``MultiHeadAttention``, ``EmbedLayerNormalization``, ``RotaryEmbedding``;
-optkit/onnx/_ops/contrib.py) against ONNX Runtime's CPU kernels on single-node models, every form its CPU
-kernel runs, and their gradients against float64 central differences."""
+optkit/onnx/_ops/contrib_attention.py, contrib.py) against ONNX Runtime's CPU kernels on single-node models, every
+form its CPU kernel runs, and their gradients against float64 central differences."""
 
 import numpy as np
 import pytest

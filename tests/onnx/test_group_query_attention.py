@@ -1,7 +1,7 @@
-"""ONNX Runtime's ``com.microsoft::GroupQueryAttention`` (optkit/onnx/_ops/contrib.py) against ONNX Runtime's CPU
-kernel on single-node models: prompts and decode steps with a KV cache (sequences of different lengths in one
-batch), packed and separate Q/K/V, rotary embeddings (both layouts, partial), a local window, a softcap, smooth
-softmax, head sinks and an attention bias; and its gradients against float64 central differences."""
+"""ONNX Runtime's ``com.microsoft::GroupQueryAttention`` (optkit/onnx/_ops/contrib_attention.py) against ONNX
+Runtime's CPU kernel on single-node models: prompts and decode steps with a KV cache (sequences of different lengths
+in one batch), packed and separate Q/K/V, rotary embeddings (both layouts, partial), a local window, a softcap,
+smooth softmax, head sinks and an attention bias; and its gradients against float64 central differences."""
 
 import numpy as np
 import pytest

@@ -15,7 +15,7 @@ import onnx  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
-from optkit.onnx import _files  # noqa: E402
+from optkit.onnx import _tensors  # noqa: E402
 
 
 def _model(value=1.0):
@@ -96,15 +96,15 @@ def test_large_external_data_is_read_with_a_progress_bar(tmp_path, monkeypatch):
     onnx.save(model, str(tmp_path / "m.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
               location="m.data", size_threshold=0)
     bars = []
-    real = _files._progress
+    real = _tensors._progress
 
     def recording(total, what):
         bar = real(total, what)
         bars.append((total, what, bar))
         return bar
 
-    monkeypatch.setattr(_files, "PROGRESS_BYTES", 0)
-    monkeypatch.setattr(_files, "_progress", recording)
+    monkeypatch.setattr(_tensors, "PROGRESS_BYTES", 0)
+    monkeypatch.setattr(_tensors, "_progress", recording)
     apply_fn, params = optkit.onnx.to_jax(str(tmp_path / "m.onnx"))
     np.testing.assert_array_equal(params["W"], np.full((3, 2), 4.0, np.float32))
     ((total, what, bar),) = bars

@@ -124,3 +124,18 @@ def test_operator_families_keep_their_private_names_and_the_converter_knows_no_f
     code = "\n".join(line.split("#")[0] for line in layout.splitlines())
     tables = re.findall(r'[\(\[{]\s*"[A-Z]\w+"\s*(?:,\s*"[A-Z]\w+"\s*)+', code)
     assert not tables, f"_layout.py names operators in a table: {tables}"
+
+
+def test_no_module_is_over_450_lines():
+    """Every module under optkit/ stays readable in one sitting: 450 lines at most (a module that grows past it is
+    split by what it does, as _ops/contrib.py and _ops/contrib_attention.py were)."""
+    long = {}
+    for folder, _, names in os.walk(os.path.join(ROOT, "optkit")):
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    count = sum(1 for _ in f)
+                if count > 450:
+                    long[os.path.relpath(path, ROOT)] = count
+    assert not long, f"modules over 450 lines: {long}"

@@ -32,7 +32,10 @@ Where an operator goes: its family module, by what it does:
 - :mod:`~optkit.onnx._ops.quantize`: ``QuantizeLinear``, ``DequantizeLinear``,
   ``DynamicQuantizeLinear``;
 - :mod:`~optkit.onnx._ops.contrib`: ONNX Runtime's ``com.microsoft`` fused activations and Skip
-  normalizations (``FastGelu``, ``BiasGelu``, ``SkipLayerNormalization``...);
+  normalizations (``FastGelu``, ``BiasGelu``, ``SkipLayerNormalization``...), ``MatMulNBits``,
+  ``GatherBlockQuantized``;
+- :mod:`~optkit.onnx._ops.contrib_attention`: its fused attentions (``Attention``, ``MultiHeadAttention``,
+  ``GroupQueryAttention``, ``RotaryEmbedding``);
 - :mod:`~optkit.onnx._ops.adapters`: ``ai.optkit::LoRA``, the low-rank adapter term ``to_jax(..., lora=)``
   adds (no exporter writes it).
 
@@ -51,6 +54,7 @@ from optkit.onnx._ops import (
     algebra,
     attention,
     contrib,
+    contrib_attention,
     control,
     elementwise,
     indexing,
@@ -76,7 +80,7 @@ __all__ = ["TABLE", "supported_ops"]
 TABLE = OpTable(elementwise.OPS, nn.OPS, pool.OPS, normalization.OPS, recurrent.OPS, shape.OPS, reduce.OPS, loss.OPS,
                 training.OPS, control.OPS, attention.OPS, quantize.OPS,
                 resize.OPS, sampling.OPS, randomness.OPS, indexing.OPS, algebra.OPS, contrib.OPS,
-                contrib.DEFAULT_DOMAIN_OPS, adapters.OPS, state.OPS, ml.OPS)
+                contrib_attention.OPS, contrib.DEFAULT_DOMAIN_OPS, adapters.OPS, state.OPS, ml.OPS)
 
 
 def supported_ops() -> list[tuple[str, str, int]]:

@@ -1,0 +1,178 @@
+"""The tensors an ONNX file brings, read by :mod:`optkit.onnx._files` before anything else: every TensorProto
+found (initializers, sparse ones, attribute tensors, in sub-graphs and functions), each bounded before it is read,
+and external data read only from inside the model's own directory, exactly the bytes each tensor needs."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import onnx
+
+from optkit.onnx._errors import UnsupportedOpError
+from optkit.onnx._limits import check_size
+from optkit.onnx._ops._values import DTYPES, dtype_name, node_name, storage_bits
+
+__all__ = ["tensors_of", "check_tensors", "load_external_data", "declared_bytes", "PROGRESS_BYTES"]
+
+_log = logging.getLogger("optkit.onnx")
+# External data above this many bytes is read with a progress bar (tqdm, where installed and on a terminal).
+PROGRESS_BYTES = 100 * 2**20
+
+
+def tensors_of(proto: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto, tuple[int, ...] | None]]:
+    """Every TensorProto of the model: ``(description, tensor, dense dims)``.
+
+    Initializers, sparse initializers' values and indices, attribute tensors
+    (sub-graphs and model-local functions included). ``dense dims`` is the
+    shape a sparse tensor has once densified (what its values are bounded
+    by), None for a dense tensor. Iterative: no recursion on nesting.
+    """
+    stack: list[tuple[Any, str]] = [(proto.graph, "")]
+    stack += [(function, f"function {function.name!r}: ") for function in proto.functions]
+    while stack:
+        graph, prefix = stack.pop()
+        for tensor in getattr(graph, "initializer", ()):
+            yield f"{prefix}initializer {tensor.name!r}", tensor, None
+        for sparse in getattr(graph, "sparse_initializer", ()):
+            yield f"{prefix}sparse initializer {sparse.values.name!r}", sparse.values, tuple(sparse.dims)
+            yield f"{prefix}sparse initializer {sparse.values.name!r} (indices)", sparse.indices, None
+        for index, node in enumerate(graph.node):
+            where = f"{prefix}attribute {{}} of node {node_name(node.name, node.op_type, index)!r}"
+            for attr in node.attribute:
+                what = where.format(repr(attr.name))
+                if attr.HasField("t"):
+                    yield what, attr.t, None
+                for tensor in attr.tensors:
+                    yield what, tensor, None
+                for sparse in [attr.sparse_tensor] * attr.HasField("sparse_tensor") + list(attr.sparse_tensors):
+                    yield what, sparse.values, tuple(sparse.dims)
+                    yield f"{what} (indices)", sparse.indices, None
+                if attr.HasField("g"):
+                    stack.append((attr.g, f"{what}, sub-graph: "))
+                stack += [(g, f"{what}, sub-graph: ") for g in attr.graphs]
+
+
+def check_tensors(proto: onnx.ModelProto, limit: int) -> None:
+    """Every tensor the model brings, inline or external, against the bounds, before any is read or converted.
+
+    A tensor of an element type optkit does not run is left to the
+    converter, which refuses it naming the type.
+    """
+    for where, tensor, dense in tensors_of(proto):
+        dtype = DTYPES.get(tensor.data_type)
+        if dtype is None:
+            continue
+        check_size(dense if dense is not None else tuple(tensor.dims), dtype, where, limit)
+
+
+def _external_location(tensor: onnx.TensorProto, where: str) -> tuple[str, int, int | None]:
+    """``(location, offset, length)`` of an external tensor, each checked; a ValueError names the tensor."""
+    fields: dict[str, str] = {}
+    for entry in tensor.external_data:
+        if entry.key in fields:
+            raise ValueError(f"{where}: its external data gives {entry.key!r} twice")
+        fields[entry.key] = entry.value
+    numbers = {}
+    for key in ("offset", "length"):
+        if key in fields:
+            try:
+                numbers[key] = int(fields[key])
+            except ValueError:
+                raise ValueError(f"{where}: its external data {key} {fields[key]!r} is not an integer") from None
+            if numbers[key] < 0:
+                raise ValueError(f"{where}: its external data {key} is negative ({numbers[key]})")
+    return fields.get("location", ""), numbers.get("offset", 0), numbers.get("length")
+
+
+def _read_external(tensor: onnx.TensorProto, root: str, directory: str, where: str) -> None:
+    """Read exactly the bytes ``tensor``'s dims and type need from its file in ``root``, into the tensor.
+
+    The size was bounded by :func:`check_tensors` before; the file must be
+    inside ``root`` (no absolute path, no ``..``, no link out of it), hold
+    ``offset + size`` bytes, and a ``length`` it declares must be that size.
+    Nothing else of the file is read.
+    """
+    location, offset, length = _external_location(tensor, where)
+    parts = location.replace("\\", "/").split("/")
+    target = os.path.realpath(os.path.join(root, location)) if location else root
+    if not location or os.path.isabs(location) or ".." in parts or os.path.splitdrive(location)[0] \
+            or os.path.commonpath([root, target]) != root:
+        raise ValueError(f"{where}: its external data location {location!r} is not a file inside the "
+                         f"model's directory {directory!r}; optkit reads external data from that "
+                         f"directory only")
+    dtype = DTYPES.get(tensor.data_type)
+    if dtype is None:
+        raise UnsupportedOpError(f"{where} has element type {dtype_name(tensor.data_type)}, which optkit does not "
+                                 f"run (its external data is not read)")
+    size = -(-math.prod(tensor.dims) * storage_bits(dtype) // 8)  # 4- and 2-bit values are packed
+    if length is not None and length != size:
+        raise ValueError(f"{where}: its external data declares length {length} bytes, but dims "
+                         f"{list(tensor.dims)} of {dtype.name} need {size}")
+    try:
+        if not os.path.isfile(target):
+            raise ValueError(f"{where}: its external data file {location!r} does not exist in {directory!r} "
+                             f"(or is not a file)")
+        available = os.path.getsize(target)
+        if offset + size > available:
+            raise ValueError(f"{where}: its external data file {location!r} holds {available} bytes, but dims "
+                             f"{list(tensor.dims)} of {dtype.name} at offset {offset} need {offset + size}")
+        with open(target, "rb") as f:
+            f.seek(offset)
+            data = f.read(size)
+    except OSError as err:
+        raise ValueError(f"{where}: cannot read its external data {location!r} in {directory!r}: {err}") from None
+    if len(data) != size:  # the file shrank while it was read
+        raise ValueError(f"{where}: its external data file {location!r} ended after {len(data)} of {size} bytes")
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
+    tensor.raw_data = data
+
+
+def load_external_data(proto: onnx.ModelProto, directory: str | None, origin: str) -> onnx.ModelProto:
+    """``proto`` with the data of its external tensors read from ``directory`` (a copy when there are any)."""
+    external = [(w, t) for w, t, _ in tensors_of(proto) if t.data_location == onnx.TensorProto.EXTERNAL]
+    if not external:
+        return proto
+    if directory is None:
+        raise ValueError(
+            f"{external[0][0]} keeps its data in an external file, but {origin} was given without a path, so "
+            f"optkit reads no file for it (onnx's loaders do the same); load the model from its path "
+            f"(optkit.onnx.prepare('model.onnx')) or pass base_dir= the directory of its data files")
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)  # the caller's ModelProto is never modified
+    root = os.path.realpath(directory)
+    tensors = [(where, tensor) for where, tensor, _ in tensors_of(copy)
+               if tensor.data_location == onnx.TensorProto.EXTERNAL]
+    total = sum(declared_bytes(tensor) for _, tensor in tensors)
+    bar = _progress(total, f"reading the external data of {origin}")
+    for where, tensor in tensors:
+        _read_external(tensor, root, directory, where)
+        if bar is not None:
+            bar.update(len(tensor.raw_data))
+    if bar is not None:
+        bar.close()
+    _log.info("read %d external tensors (%d bytes) of %s", len(tensors), total, origin)
+    return copy
+
+
+def declared_bytes(tensor: onnx.TensorProto) -> int:
+    """The bytes ``tensor``'s dims and element type declare (4- and 2-bit values packed; 1 byte per value for a
+    type optkit does not run), what its data will take once read."""
+    bits = storage_bits(DTYPES[tensor.data_type]) if tensor.data_type in DTYPES else 8
+    return math.prod(int(d) for d in tensor.dims) * bits // 8
+
+
+def _progress(total: int, what: str) -> Any:
+    """A tqdm bar over ``total`` bytes when that is above :data:`PROGRESS_BYTES` and tqdm is installed (shown
+    on a terminal only: ``disable=None``); else None."""
+    if total <= PROGRESS_BYTES:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="B", unit_scale=True, desc=what, disable=None, leave=False)
