@@ -50,6 +50,10 @@ SKIPPED = {
         "an inverse DFT whose expected values carry NumPy's single-precision FFT rounding (1.9e-7 where the "
         "exact value is 0, against atol 1e-7); optkit transforms in float64 (-7e-16 there), and ONNX Runtime "
         "misses the expected values by 1.9e-5",
+    r"^test_loop16_seq_none_cpu$":
+        "ONNX's runner cannot compare its output: a sequence whose first tensor is 0-d, which the runner's "
+        "comparison takes the length of (TypeError in onnx 1.23's assert_similar_outputs, whatever the backend "
+        "returns); optkit's output equals the expected one (tests/onnx/test_sequences.py runs this model)",
     r"^test_attention_4d_causal_fp16_expanded_cpu$":
         "a float16 attention whose expected values carry float16 arithmetic inside its softmax: optkit computes "
         "a 16-bit softmax in float32 and rounds once, as ONNX Runtime does, and both miss two of the 192 "

@@ -203,8 +203,8 @@ class BackendRep(onnx.backend.base.BackendRep):
                                 reverse_only=not traced, layers=self._layers)
             if not self._jit:
                 # Op by op, NumPy values would be folded as constants: make them JAX arrays.
-                values = [jnp.asarray(v) for v in values]
-                signature = (id(fn), tuple((v.shape, v.dtype) for v in values))
+                values = jax.tree.map(jnp.asarray, values)
+                signature = (id(fn), str(jax.tree.map(lambda v: (v.shape, v.dtype), values)))
                 if signature not in self._checked:
                     try:
                         jax.eval_shape(fn, *values)  # trace the whole graph before running any op
@@ -224,8 +224,9 @@ class BackendRep(onnx.backend.base.BackendRep):
         return self._outputs(results, as_numpy)
 
     def _outputs(self, results: Sequence[Any], as_numpy: bool) -> tuple[Any, ...]:
-        if as_numpy:
-            results = [np.asarray(r) for r in results]
+        if as_numpy:  # (a sequence output is a list of arrays, an empty optional None)
+            results = [jax.tree.map(np.asarray, r) if isinstance(r, list) else None if r is None else np.asarray(r)
+                       for r in results]
         return self._result_type(*results)
 
     def __repr__(self) -> str:

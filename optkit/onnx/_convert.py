@@ -18,6 +18,7 @@ the analysis budget are the model's.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -28,6 +29,7 @@ from optkit import Graph
 from optkit._src.graph.analysis import StepBudget
 from optkit.onnx import _layout
 from optkit.onnx._analysis import Facts, check_gradient_work, read_inside, static_inputs
+from optkit.onnx._errors import RUNS_IN_SEGMENTS, ValueDependentError
 from optkit.onnx._limits import MAX_ANALYSIS_STEPS, MAX_SUBGRAPH_DEPTH, Limits, check_size
 from optkit.onnx._operators import Operators
 from optkit.onnx._ops._registry import GradientRequest, NodeContext, OpSpec
@@ -108,7 +110,7 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     graph = Graph()
     for info in declared.inputs:
         shape = None if info.shape is None else tuple(d if isinstance(d, int) else None for d in info.shape)
-        graph.add_input(info.name, shape, info.dtype)
+        graph.add_input(info.name, shape, None if info.container else info.dtype)
     for name, value in declared.initializers.items():
         graph.add_initializer(name, value)
     specs: dict[int, OpSpec] = {}
@@ -258,10 +260,12 @@ def _node_function(fn, ctx: NodeContext, spec: OpSpec, schema: Any, count: int, 
         for i in static:
             value = as_static(given[i])
             if value is None:
-                raise ctx.error(
+                # (a Slice's ends computed in a Loop body, an EmbeddingBag's offsets: prepare runs the node on
+                # concrete values between compiled segments; traced inside a caller's jax.jit it is refused)
+                raise ValueDependentError(ctx.message(
                     f"input {_input_name(schema, i)!r} must be known before the graph runs (an initializer, a "
                     f"Constant node's output, a Shape output, or a tensor computed from those alone), but it is "
-                    f"computed at run time from a traced value")
+                    f"computed at run time from a traced value; {RUNS_IN_SEGMENTS}"))
             given[i] = value
         out = fn(*given, captured=dict(zip(extra, values[count:]))) if extra else fn(*given)
         if isinstance(out, tuple) and len(out) > wanted:
@@ -276,8 +280,8 @@ def _node_function(fn, ctx: NodeContext, spec: OpSpec, schema: Any, count: int, 
             if any(isinstance(o, jax.core.Tracer) for o in (out if isinstance(out, tuple) else (out,))):
                 return out  # drawn from the run's random key (a traced value): not a constant
             if isinstance(out, tuple):
-                return tuple(None if o is None else np.asarray(o) for o in out)
-            return np.asarray(out)
+                return tuple(_folded(o) for o in out)
+            return _folded(out)
         out = call(*values)
         # Traced (jit, eval_shape, BackendRep's abstract pass): nothing has run yet.
         _check_outputs(out, ctx, limit)
@@ -287,6 +291,13 @@ def _node_function(fn, ctx: NodeContext, spec: OpSpec, schema: Any, count: int, 
     return node_function
 
 
+def _folded(value: Any) -> Any:
+    """A value computed before running as NumPy: an array, a sequence (a list) of arrays, or None."""
+    if value is None:
+        return None
+    return [np.asarray(v) for v in value] if isinstance(value, list) else np.asarray(value)
+
+
 def _input_name(schema: Any, i: int) -> str:
     """The schema's name of input ``i`` (``shape``, ``axes``...), or ``#i``."""
     inputs = [] if schema is None else schema.inputs
@@ -294,10 +305,15 @@ def _input_name(schema: Any, i: int) -> str:
 
 
 def _check_outputs(out, ctx: NodeContext, limit: int) -> None:
-    """Refuse node outputs above ``limit`` bytes (arrays, tracers or shape structs)."""
+    """Refuse node outputs above ``limit`` bytes (arrays, tracers or shape structs; a sequence's tensors
+    together)."""
     values = out if isinstance(out, tuple) else (out,)
     for i, value in enumerate(values):
+        name = ctx.outputs[i] if i < len(ctx.outputs) else f"#{i}"
+        if isinstance(value, list):  # a sequence: its tensors together within the bound
+            total = sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in value if hasattr(v, "shape"))
+            check_size((total,), np.dtype(np.uint8), f"{ctx.where}: output {name!r} (a sequence)", limit)
+            continue
         if value is None or not hasattr(value, "shape"):
             continue
-        name = ctx.outputs[i] if i < len(ctx.outputs) else f"#{i}"
         check_size(tuple(value.shape), getattr(value, "dtype", None), f"{ctx.where}: output {name!r}", limit)

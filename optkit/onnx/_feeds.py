@@ -216,6 +216,24 @@ class Feeds:
             a fixed dimension.
         """
         info = self.by_name[name]
+        if info.container:
+            return self._contained(name, value, info.container)
+        return self._tensor(name, value)
+
+    def _contained(self, name: str, value: Any, container: tuple[str, ...]) -> Any:
+        """A fed optional (None when empty) or sequence (a list or tuple of arrays, given back as a list), each
+        tensor checked as a tensor input is (its shape is not)."""
+        if not container:
+            return value if self.by_name[name].dtype is None else self._tensor(name, value, shaped=False)
+        if container[0] == "optional":
+            return None if value is None else self._contained(name, value, container[1:])
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"graph input {name!r} is a sequence of tensors: feed a list of arrays, got "
+                            f"{type(value).__name__}")
+        return [self._tensor(name, item, shaped=False) for item in value]
+
+    def _tensor(self, name: str, value: Any, *, shaped: bool = True) -> Any:
+        info = self.by_name[name]
         declared = np.dtype(info.dtype)
         wanted = run_dtype(declared)
         python = isinstance(value, (bool, int, float, complex, list, tuple))
@@ -239,7 +257,7 @@ class Feeds:
                 raise TypeError(f"graph input {name!r} is declared {declared}{_mode_note(declared, wanted)}, fed "
                                 f"{dtype}; ONNX does not convert types implicitly: cast the value first")
         shape = tuple(np.shape(value))
-        if info.shape is not None and shape != info.shape and (
+        if shaped and info.shape is not None and shape != info.shape and (
                 len(shape) != len(info.shape) or any(shape[a] != d for a, d in self._fixed[name])):
             raise ValueError(f"graph input {name!r} is declared with shape {shape_text(info.shape)}, fed shape "
                              f"{shape}")
@@ -349,14 +367,13 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
                 out = jitted(*values)
                 _log.info("traced inside a caller's transformation in %.2f s", time.perf_counter() - start)
                 return out
-            signature = tuple((v.shape, v.dtype) if hasattr(v, "dtype") else (np.shape(v), np.result_type(v))
-                              for v in values)  # every call: 55 us for 200 arrays (str(dtype) took 0.7 ms)
+            signature = tuple(map(_signature, values))  # every call: 55 us for 200 arrays
             if signature in seen:
                 return jitted(*values)
             last = next(reversed(seen), None) or next(reversed(getattr(related, "signatures", {})), None)
             causes = [_listed("new static values of ", static_changed)] if static_changed and not seen else []
             if last is not None:
-                causes.append(_listed("new input shapes: ", [f"{name} {_spec(*old)} -> {_spec(*new)}"
+                causes.append(_listed("new input shapes: ", [f"{name} {_spec(old)} -> {_spec(new)}"
                                                               for name, old, new in zip(names, last, signature)
                                                               if old != new]))
             cause = "; ".join(c for c in causes if c) or "its first input shapes"
@@ -374,7 +391,22 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
     return fn
 
 
-def _spec(shape: tuple, dtype: Any) -> str:
+def _signature(value: Any) -> Any:
+    """What a compile depends on in a fed value: ``(shape, dtype)``; ``("sequence", those of its tensors)`` for a
+    sequence (a list); None for an empty optional."""
+    if hasattr(value, "dtype"):
+        return value.shape, value.dtype  # (str(dtype) took 0.7 ms for 200 arrays)
+    if isinstance(value, list):
+        return "sequence", tuple(map(_signature, value))
+    return None if value is None else (np.shape(value), np.result_type(value))
+
+
+def _spec(signature: Any) -> str:
+    if signature is None:
+        return "none"
+    if signature[0] == "sequence":
+        return "[" + ", ".join(map(_spec, signature[1])) + "]"
+    shape, dtype = signature
     return f"{dtype}{list(shape)}"
 
 

@@ -39,12 +39,17 @@ class InputInfo:
         the same name must have the same size in every input), or None
         (unknown); None for the whole shape when the rank is unknown.
       has_default: True if an initializer of the same name gives a default.
+      container: how the tensors are held, outermost first: ``()`` for a tensor, ``("sequence",)`` for a
+        sequence of tensors (fed as a Python list of arrays), ``("optional",)`` or ``("optional",
+        "sequence")`` for an optional one (fed as None when it is empty); ``dtype`` and ``shape`` then
+        describe each tensor (``shape`` None: unchecked).
     """
 
     name: str
     dtype: np.dtype | None
     shape: tuple[int | str | None, ...] | None
     has_default: bool
+    container: tuple[str, ...] = ()
 
     def shape_text(self) -> str:
         """The declared shape as text, ``(N, 3)``; ``?`` for an unknown dimension."""
@@ -111,9 +116,11 @@ def _input_info(value_info: onnx.ValueInfoProto, has_default: bool, limit: int, 
     kind = value_info.type.WhichOneof("value")
     if kind is None and subgraph:  # a body's input may leave its type to the node that feeds it
         return InputInfo(value_info.name, None, None, has_default)
-    if kind != "tensor_type":
-        raise UnsupportedOpError(f"graph input {value_info.name!r} has type {kind or 'undefined'}; "
-                                 f"optkit runs tensors only (not sequences, maps or optionals)")
+    container, type_proto = _container(value_info.type, f"graph input {value_info.name!r}")
+    if container:  # a sequence or an optional: its tensors' element type; their shapes are not checked
+        elem = type_proto.tensor_type.elem_type
+        dtype = onnx_dtype(elem, f"graph input {value_info.name!r}") if elem else None
+        return InputInfo(value_info.name, dtype, None, has_default, container)
     tensor = value_info.type.tensor_type
     dtype = onnx_dtype(tensor.elem_type, f"graph input {value_info.name!r}")
     shape = None
@@ -130,6 +137,32 @@ def _input_info(value_info: onnx.ValueInfoProto, has_default: bool, limit: int, 
                              f"{min(fixed)}")
         check_size(fixed, dtype, f"graph input {value_info.name!r}", limit)
     return InputInfo(value_info.name, dtype, shape, has_default)
+
+
+def _container(type_proto: onnx.TypeProto, what: str) -> tuple[tuple[str, ...], onnx.TypeProto]:
+    """``(containers outermost first, the tensor type inside)`` of an input's type: ``()`` for a tensor,
+    ``("sequence",)``, ``("optional",)``, ``("optional", "sequence")``; maps, sparse tensors and deeper nesting
+    are refused naming ``what``."""
+    kinds: list[str] = []
+    while True:
+        kind = type_proto.WhichOneof("value")
+        if kind == "tensor_type":
+            return tuple(kinds), type_proto
+        if kind == "sequence_type" and "sequence" not in kinds:
+            kinds.append("sequence")
+            type_proto = type_proto.sequence_type.elem_type
+        elif kind == "optional_type" and not kinds:
+            kinds.append("optional")
+            type_proto = type_proto.optional_type.elem_type
+        else:
+            raise UnsupportedOpError(f"{what} has type {_type_text(type_proto, kinds)}; optkit runs tensors, "
+                                     f"sequences of tensors and optional tensors or sequences (not maps, sparse "
+                                     f"tensors or nested sequences)")
+
+
+def _type_text(type_proto: onnx.TypeProto, outer: list[str]) -> str:
+    kind = type_proto.WhichOneof("value") or "undefined"
+    return "(".join([*outer, kind]) + ")" * len(outer)
 
 
 def _densify(sparse: onnx.SparseTensorProto) -> np.ndarray:
@@ -187,9 +220,10 @@ def _attribute_value(attr: onnx.AttributeProto, where: str) -> Any:
     if kind in (onnx.AttributeProto.SPARSE_TENSOR, onnx.AttributeProto.SPARSE_TENSORS):
         raise UnsupportedOpError(f"{where}: attribute {attr.name!r} is a sparse tensor, which "
                                  f"optkit does not run")
-    if kind in (onnx.AttributeProto.TYPE_PROTO, onnx.AttributeProto.TYPE_PROTOS):
-        raise UnsupportedOpError(f"{where}: attribute {attr.name!r} is a type proto, which optkit "
-                                 f"does not run")
+    if kind == onnx.AttributeProto.TYPE_PROTO:
+        return attr.tp  # (Optional's type: read by its handler)
+    if kind == onnx.AttributeProto.TYPE_PROTOS:
+        return list(attr.type_protos)
     value = helper.get_attribute_value(attr)
     if kind == onnx.AttributeProto.STRING:
         return _decode(value, attr.name, where)
@@ -220,7 +254,7 @@ def parse_attributes(
     Raises:
       ValueError: a required attribute is missing or one is given twice; a string
         attribute that is not UTF-8.
-      UnsupportedOpError: a sparse-tensor or type attribute.
+      UnsupportedOpError: a sparse-tensor attribute.
     """
     attrs: dict[str, Any] = {}
     for attr in node.attribute:

@@ -47,7 +47,15 @@ class _Split(Exception):
 
 
 def _signature(values: Sequence[Any]) -> tuple:
-    return tuple((np.shape(v), np.dtype(v.dtype).str, bool(getattr(v, "weak_type", False))) for v in values)
+    """What a segment's compile depends on in each value: shape, dtype, weak type; per tensor for a sequence (a
+    list), None for an empty optional."""
+    return tuple(_signature(v) if isinstance(v, list) else None if v is None else
+                 (np.shape(v), np.dtype(v.dtype).str, bool(getattr(v, "weak_type", False))) for v in values)
+
+
+def _holds(value: Any, kind: type) -> bool:
+    """``value`` is a ``kind`` (a JAX array, a tracer), or a sequence (a list) holding one."""
+    return isinstance(value, kind) or isinstance(value, list) and any(isinstance(v, kind) for v in value)
 
 
 class _Segment:
@@ -75,10 +83,11 @@ class _Segment:
                         raise _Split(i, err) from None
             for name in self.wanted:
                 value = env[name]
-                if isinstance(value, jax.core.Tracer):
+                if _holds(value, jax.core.Tracer):
                     traced.append(name)
                 else:  # known from constants and shapes alone: a constant for the segments after this one
-                    constants[name] = np.asarray(value)
+                    constants[name] = ([np.asarray(v) for v in value] if isinstance(value, list) else
+                                       None if value is None else np.asarray(value))
             return tuple(env[name] for name in traced)
 
         fn = checkify.checkify(run, errors=checkify.user_checks) if self._checks else run
@@ -88,7 +97,7 @@ class _Segment:
         return compiled, tuple(traced), constants
 
     def __call__(self, env: dict[str, Any]) -> None:
-        static = {n: env[n] for n in self.inputs if not isinstance(env[n], jax.Array)}
+        static = {n: env[n] for n in self.inputs if not _holds(env[n], jax.Array)}
         dynamic = tuple(n for n in self.inputs if n not in static)
         values = [env[n] for n in dynamic]
         # Constants are objects this run's plan keeps (initializers, fed static values, earlier segments'
@@ -141,8 +150,8 @@ class SegmentedRun:
     def _eager(self, node: Any, env: dict[str, Any]) -> None:
         self._runner.run((node,), env)
         for name in node.outputs:  # concrete results: fed to the next segment as values, not constants
-            if name and isinstance(env.get(name), np.ndarray | np.generic):
-                env[name] = jnp.asarray(env[name])
+            if name and isinstance(env.get(name), np.ndarray | np.generic | list):
+                env[name] = jax.tree.map(jnp.asarray, env[name])
 
     def _plan(self, env: dict[str, Any]) -> list[Any]:
         """Find the split while running: trace what is left, and where it stops, compile the part before the
@@ -180,7 +189,7 @@ class SegmentedRun:
         env = dict(self._constants)
         for name, value in feeds.items():
             if name not in self._static:
-                env[name] = jnp.asarray(value)
+                env[name] = jax.tree.map(jnp.asarray, value)
         if self._steps is None:
             self._steps = self._plan(env)
         else:

@@ -27,6 +27,8 @@ Where an operator goes: its family module, by what it does:
 - :mod:`~optkit.onnx._ops.sampling`: ``GridSample``, ``AffineGrid``, ``Col2Im``, ``RoiAlign``;
 - :mod:`~optkit.onnx._ops.state`: ``TensorScatter``, ``CausalConvWithState``, ``LinearAttention``
   (operators that carry a cache or a recurrent state);
+- :mod:`~optkit.onnx._ops.sequence`: sequences (Python lists of arrays) and optionals (None when empty):
+  ``Sequence*``, ``SplitToSequence``, ``ConcatFromSequence``, ``SequenceMap``, ``Optional*``;
 - :mod:`~optkit.onnx._ops.randomness`: ``RandomUniform``, ``RandomNormal``, their ``*Like`` forms,
   ``Bernoulli``, ``Multinomial`` (seeded with ``jax.random``);
 - :mod:`~optkit.onnx._ops.quantize`: ``QuantizeLinear``, ``DequantizeLinear``,
@@ -69,6 +71,7 @@ from optkit.onnx._ops import (
     reduce,
     resize,
     sampling,
+    sequence,
     shape,
     state,
     training,
@@ -80,7 +83,7 @@ __all__ = ["TABLE", "supported_ops"]
 TABLE = OpTable(elementwise.OPS, nn.OPS, pool.OPS, normalization.OPS, recurrent.OPS, shape.OPS, reduce.OPS, loss.OPS,
                 training.OPS, control.OPS, attention.OPS, quantize.OPS,
                 resize.OPS, sampling.OPS, randomness.OPS, indexing.OPS, algebra.OPS, contrib.OPS,
-                contrib_attention.OPS, contrib.DEFAULT_DOMAIN_OPS, adapters.OPS, state.OPS, ml.OPS)
+                contrib_attention.OPS, contrib.DEFAULT_DOMAIN_OPS, adapters.OPS, state.OPS, ml.OPS, sequence.OPS)
 
 
 def supported_ops() -> list[tuple[str, str, int]]:

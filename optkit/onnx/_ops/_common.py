@@ -15,8 +15,8 @@ from jax.experimental import checkify
 from optkit.onnx._feeds import index_checks_active, node_stream, random_key_active
 from optkit.onnx._ops._registry import NodeContext
 
-__all__ = ["aligned", "sharded_like", "reshape", "reshape_sharding", "on_cpu", "axis_index", "axis_indices",
-           "is_integer", "lowest", "checked_indices", "below_max", "softmax", "log_softmax"]
+__all__ = ["body_runner", "aligned", "sharded_like", "reshape", "reshape_sharding", "on_cpu", "axis_index",
+           "axis_indices", "is_integer", "lowest", "checked_indices", "below_max", "softmax", "log_softmax"]
 
 
 def node_key(ctx: NodeContext, seed: Any = None) -> jax.Array:
@@ -289,3 +289,18 @@ def on_cpu(device: Any = None) -> bool:
     if device is not None:
         return getattr(device, "platform", None) == "cpu"
     return jax.default_backend() == "cpu"
+
+
+def body_runner(body, captured: dict[str, Any] | None):
+    """``run(*inputs) -> tuple of outputs`` of a converted sub-graph (an ``If`` branch, a ``Loop``, ``Scan`` or
+    ``SequenceMap`` body: :meth:`~optkit.onnx._ops._registry.NodeContext.convert_subgraph`), the enclosing graphs'
+    names it reads fed from ``captured``."""
+    names = [info.name for info in body.inputs]
+    outer = {name: (captured or {})[name] for name in body.captures}
+
+    def run(*values):
+        feeds = {**outer, **dict(zip(names, values))}
+        result = body.graph.evaluate(feeds, list(body.outputs), check_feeds=False)
+        return tuple(result[name] for name in body.outputs)
+
+    return run

@@ -132,7 +132,10 @@ def tensor_value(tensor: onnx.TensorProto, what: str) -> np.ndarray:
 
 
 def is_static(value: Any) -> bool:
-    """True for a value known before running: a NumPy array or scalar (not a JAX value)."""
+    """True for a value known before running: a NumPy array or scalar (not a JAX value), or a sequence (a
+    list) of them."""
+    if isinstance(value, list):
+        return all(isinstance(v, (np.ndarray, np.generic)) for v in value)
     return isinstance(value, (np.ndarray, np.generic))
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from jax import lax
 
 from optkit.onnx._errors import RUNS_IN_SEGMENTS, ValueDependentError
-from optkit.onnx._ops._common import sharded_like
+from optkit.onnx._ops._common import body_runner, sharded_like
 from optkit.onnx._ops._registry import Family
 from optkit.onnx._ops._values import as_static
 
@@ -44,21 +44,9 @@ MAX_TRIP_COUNT = 10**7  # iterations of a Loop whose condition cannot stop it
 MASKED_SCAN_MAX = 4096  # a known trip count up to this runs as a differentiable masked scan
 
 
-def _body_runner(body, captured: dict[str, Any] | None):
-    """``run(*inputs) -> tuple of outputs`` of a converted body, its enclosing names fed from ``captured``."""
-    names = [info.name for info in body.inputs]
-    outer = {name: (captured or {})[name] for name in body.captures}
-
-    def run(*values):
-        feeds = {**outer, **dict(zip(names, values))}
-        result = body.graph.evaluate(feeds, list(body.outputs), check_feeds=False)
-        return tuple(result[name] for name in body.outputs)
-
-    return run
-
-
 def _concrete(values) -> bool:
-    return all(v is None or as_static(v) is not None for v in values)
+    return all(v is None or (all(as_static(e) is not None for e in v) if isinstance(v, list) else
+                             as_static(v) is not None) for v in values)
 
 
 def _single(outputs: tuple) -> Any:
@@ -89,7 +77,7 @@ def _if(ctx):
         raise ctx.error(f"the branches have {len(then_body.outputs)} outputs, the node {len(ctx.outputs)}")
 
     def if_(cond, captured=None):
-        run_then, run_else = _body_runner(then_body, captured), _body_runner(else_body, captured)
+        run_then, run_else = body_runner(then_body, captured), body_runner(else_body, captured)
         if np.size(cond) != 1:
             raise ctx.error(f"the condition must hold one element, got shape {np.shape(cond)}")
         known = as_static(cond)
@@ -167,7 +155,7 @@ def _scan(ctx):
     attrs = _scan_attrs(ctx, m, k)
 
     def scan(*values, captured=None):
-        run = _body_runner(body, captured)
+        run = body_runner(body, captured)
         return _single(_scan_core(ctx, run, values[:n], values[n:], *attrs, k))
 
     return scan
@@ -185,7 +173,7 @@ def _scan8(ctx):
     def scan(sequence_lens, *values, captured=None):
         if sequence_lens is not None:
             raise ctx.unsupported("Scan-8's sequence_lens is not supported; leave it empty")
-        run = _body_runner(body, captured)
+        run = body_runner(body, captured)
 
         def one(states, scans):
             return _scan_core(ctx, run, states, scans, [0] * m, directions, [0] * k, [0] * k, k)
@@ -209,7 +197,7 @@ def _loop(ctx):
     k = len(body.outputs) - 1 - n
 
     def loop(trip_count, cond, *values, captured=None):
-        run = _body_runner(body, captured)
+        run = body_runner(body, captured)
         trip = as_static(trip_count)
         trip = None if trip is None else int(np.reshape(trip, -1)[0])
         if trip is not None and trip < 0:
@@ -265,7 +253,7 @@ def _constant_true_condition(run, n, values) -> bool:
 
 
 def _loop_traced(ctx, body, captured, trip, trip_count, cond, values, n, k):
-    run = _body_runner(body, captured)
+    run = body_runner(body, captured)
     init = tuple(jnp.asarray(v) for v in values)
     outer_true = cond is None or (as_static(cond) is not None and bool(np.reshape(as_static(cond), -1)[0]))
     if cond is not None and as_static(cond) is not None and not outer_true:
@@ -326,7 +314,7 @@ def _while(ctx, body, captured, n, limit, c0, init):
     traced_names = tuple(k for k in captured if k not in static)
 
     def forward(limit, c0, init, traced):
-        run = _body_runner(body, {**static, **dict(zip(traced_names, traced))})
+        run = body_runner(body, {**static, **dict(zip(traced_names, traced))})
 
         def keep_going(state):
             i, going, _ = state
