@@ -789,3 +789,25 @@ def test_a_float16_softmax_is_computed_in_float32_and_rounded_once_as_onnx_runti
     mismatched = np.mean(got != want)
     assert mismatched < 0.001, mismatched  # the same float16 values (float16 arithmetic: 20-48% differ)
     assert np.abs(got.astype(np.float64) - exact).max() <= np.spacing(np.abs(exact).max().astype(np.float16))
+
+
+@pytest.mark.parametrize("mode", ["TF", "IDF", "TFIDF"])
+@pytest.mark.parametrize("jit", [True, False])
+def test_tfidf_vectorizer_matches_onnx_runtime_in_every_mode(mode, jit):
+    """ONNX's node cases cover TF without weights; here IDF and TFIDF with weights, 1- to 3-grams with skips,
+    int64 and int32 token ids, against ONNX Runtime."""
+    ort = pytest.importorskip("onnxruntime")
+    # unigrams 4 7 9; bigrams (4 7) (7 9) (1 4); the trigram (4 7 9); each to its own output column
+    attrs = dict(mode=mode, min_gram_length=1, max_gram_length=3, max_skip_count=2, ngram_counts=[0, 3, 9],
+                 pool_int64s=[4, 7, 9, 4, 7, 7, 9, 1, 4, 4, 7, 9], ngram_indexes=[5, 0, 1, 2, 3, 4, 6],
+                 weights=[0.5, 2.0, 1.5, 0.25, 3.0, 1.0, 0.75])
+    rng = np.random.default_rng(9)
+    for dtype, shape in ((np.int64, (2, 17)), (np.int32, (23,))):
+        x = rng.choice([1, 4, 7, 9, 11], size=shape).astype(dtype)
+        model = helper.make_model(helper.make_graph(
+            [helper.make_node("TfIdfVectorizer", ["x"], ["y"], **attrs)], "g", [_info("x", dtype, list(shape))],
+            [_info("y", np.float32, [*shape[:-1], 7])]), opset_imports=[helper.make_opsetid("", 17)])
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+        got = optkit.onnx.prepare(model, jit=jit).run([x])
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+        assert want[0].shape[-1] == 7 and np.any(want[0])
