@@ -24,7 +24,7 @@ from optkit import Graph
 from optkit.onnx._analysis import Facts
 from optkit.onnx._convert import Converted
 from optkit.onnx._errors import ValueDependentError
-from optkit.onnx._feeds import Feeds, graph_function
+from optkit.onnx._feeds import Feeds, graph_function, static_key
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits, jax_device
 from optkit.onnx._load import load
@@ -189,8 +189,7 @@ class BackendRep(onnx.backend.base.BackendRep):
         donated = self._donated(donate, dynamic)
         traced = any(isinstance(v, jax.core.Tracer) for v in values)  # inside jax.jit: JAX takes no options here
         placement = contextlib.nullcontext() if self._default_device else jax.default_device(self.device)
-        segmented_key = (dynamic, bool(jax.config.jax_enable_x64),
-                         tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
+        segmented_key = (dynamic, bool(jax.config.jax_enable_x64), static_key(static))
         with placement:
             segmented = self._segmented.get(segmented_key)
             if segmented is not None:
@@ -207,7 +206,7 @@ class BackendRep(onnx.backend.base.BackendRep):
                 signature = (id(fn), str(jax.tree.map(lambda v: (v.shape, v.dtype), values)))
                 if signature not in self._checked:
                     try:
-                        jax.eval_shape(fn, *values)  # trace the whole graph before running any op
+                        jax.eval_shape(getattr(fn, "traceable", fn), *values)  # trace it all before running any op
                     except ValueDependentError:
                         pass  # shapes known only from values (a Loop): its op-by-op run checks them as it goes
                     self._checked.add(signature)

@@ -33,7 +33,15 @@ from optkit.onnx._errors import RUNS_IN_SEGMENTS, ValueDependentError
 from optkit.onnx._limits import MAX_ANALYSIS_STEPS, MAX_SUBGRAPH_DEPTH, Limits, check_size
 from optkit.onnx._operators import Operators
 from optkit.onnx._ops._registry import GradientRequest, NodeContext, OpSpec
-from optkit.onnx._ops._values import TRAINING_DOMAIN, as_static, is_static, node_name, normalize_domain
+from optkit.onnx._ops._values import (
+    STRING,
+    TRAINING_DOMAIN,
+    as_static,
+    is_static,
+    is_string,
+    node_name,
+    normalize_domain,
+)
 from optkit.onnx._protos import InputInfo, decode_graph, parse_attributes
 from optkit.onnx._scan import node_key
 
@@ -140,6 +148,7 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     static = static_inputs(g.node, specs, names | set(declared.initializers), scope.budget)
     static |= frozenset(node.input[i] for index, node in enumerate(g.node) for i in specs[index].static_when_fed
                         if i < len(node.input)) & names
+    static |= frozenset(info.name for info in declared.inputs if info.dtype == STRING)  # strings: on the host
     return Converted(graph, declared.inputs, declared.outputs, static & names, tuple(captured),
                      static_initializers=static & set(declared.initializers),
                      table_initializers=frozenset(node.input[i] for index, node in enumerate(g.node)
@@ -273,6 +282,10 @@ def _node_function(fn, ctx: NodeContext, spec: OpSpec, schema: Any, count: int, 
         return out
 
     def node_function(*values):
+        if any(is_string(v) for v in values):  # strings: computed on the host (NumPy), before running
+            out = call(*values)
+            _check_outputs(out, ctx, limit)
+            return tuple(_folded(o) for o in out) if isinstance(out, tuple) else _folded(out)
         if all(v is None or is_static(v) for v in values):
             _check_outputs(jax.eval_shape(lambda: call(*values)), ctx, limit)
             with jax.ensure_compile_time_eval():

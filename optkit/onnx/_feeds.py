@@ -1,5 +1,5 @@
-"""Feeding a loaded model, for both runners: naming and checking the fed values, the dtype policy, the traced
-graph function and the trace-time options.
+"""Feeding a loaded model, for both runners: naming and checking the fed values, the dtype policy and the traced
+graph function (its trace-time options: :mod:`optkit.onnx._tracing`).
 
 :class:`~optkit.onnx.BackendRep` (``prepare``) and :class:`~optkit.onnx.OnnxFunction` (``to_jax``) are thin
 siblings over this module: each names its feeds with :meth:`Feeds.named`, checks and converts them with
@@ -18,12 +18,9 @@ ONNX converts nothing implicitly.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import logging
 import time
 import warnings
-import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,110 +30,12 @@ from jax.experimental import checkify
 
 from optkit import Graph
 from optkit._src.graph.names import shape_text
+from optkit.onnx._tracing import tracing
 
 _log = logging.getLogger("optkit.onnx")
+STRING = np.dtype(object)  # ONNX's STRING inputs: NumPy object arrays of str (optkit.onnx._ops._values.STRING)
 
-__all__ = ["Feeds", "as_key", "graph_function", "index_checks", "index_checks_active", "random_key",
-           "random_key_active", "node_streams", "node_stream", "tracing",
-           "reverse_mode_only",
-           "reverse_mode_only_active", "run_dtype"]
-
-
-# ------------------------------------------------------------------ trace-time options
-
-@contextlib.contextmanager
-def _set(option: contextvars.ContextVar, value: Any):
-    token = option.set(value)
-    try:
-        yield
-    finally:
-        option.reset(token)
-
-
-# True while a graph traced for reverse-mode differentiation only is evaluated (to_jax(..., reverse_mode_only=True)):
-# the shifted-slices depthwise convolutions then take a derivative of their own (optkit.onnx._ops.nn).
-_REVERSE_MODE_ONLY = contextvars.ContextVar("optkit_onnx_reverse_mode_only", default=False)
-# True while a graph traced with index checks is evaluated (to_jax(..., checks=True), prepare(..., checks=True)):
-# every gathered or scattered index that is out of range raises through jax.experimental.checkify.
-_INDEX_CHECKS = contextvars.ContextVar("optkit_onnx_index_checks", default=False)
-
-
-# The key a graph traced with a random key draws from (apply_fn(params, *inputs, rng=key), OnnxModule with
-# nnx.Rngs): Dropout in training mode, the Random* operators, Bernoulli, Multinomial and LoRA's dropout fold the
-# node's name into it. None: each node's own seed attribute (0 without one).
-_RANDOM_KEY = contextvars.ContextVar("optkit_onnx_random_key", default=None)
-
-
-def random_key(key: Any) -> contextlib.AbstractContextManager[None]:
-    """Within this block, the graph's random operators draw from ``key`` (None: from their seeds)."""
-    return _set(_RANDOM_KEY, key)
-
-
-def random_key_active() -> Any:
-    """The key the graph being traced draws from, or None."""
-    return _RANDOM_KEY.get()
-
-
-# Inside a scanned run of layers (optkit.onnx._scan): block 0's node names -> the traced stream number of the
-# block being run, so that each layer's random operators draw what they draw unrolled.
-_NODE_STREAMS = contextvars.ContextVar("optkit_onnx_node_streams", default=None)
-
-
-def node_streams(streams: Mapping[str, Any] | None) -> contextlib.AbstractContextManager[None]:
-    """Within this block, the nodes named in ``streams`` draw from the stream numbers given there."""
-    return _set(_NODE_STREAMS, streams)
-
-
-def node_stream(name: str) -> Any:
-    """The stream number a random node named ``name`` folds into the run's key: its name's CRC-32 (31 bits), or
-    inside a scanned run the number of the layer's node in its place."""
-    streams = _NODE_STREAMS.get()
-    if streams is not None and name in streams:
-        return streams[name]
-    return zlib.crc32(name.encode()) & 0x7FFFFFFF
-
-
-@contextlib.contextmanager
-def tracing(*, reverse_only: bool = False, checks: bool = False, key: Any = None):
-    """The trace-time options of one graph trace (:func:`reverse_mode_only`, :func:`index_checks`,
-    :func:`random_key`), and ONNX's 64-bit types run narrower with 64-bit mode off left unwarned per node (the
-    documented policy, not a surprise at every node)."""
-    with reverse_mode_only(reverse_only), index_checks(checks), random_key(key), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", _TRUNCATED, UserWarning)
-        yield
-
-
-def as_key(rng: Any, what: str = "rng") -> jax.Array:
-    """``rng`` as a typed ``jax.random`` key: a typed key as it is, a raw ``uint32[2]`` key (``jax.random.PRNGKey``)
-    wrapped; anything else is a ``TypeError`` naming ``what``."""
-    if isinstance(rng, jax.Array) and jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
-        if rng.shape != ():
-            raise ValueError(f"{what} must be one key (shape ()), got a key array of shape {rng.shape}")
-        return rng
-    if hasattr(rng, "dtype") and np.dtype(rng.dtype) == np.uint32 and tuple(np.shape(rng)) == (2,):
-        return jax.random.wrap_key_data(rng)
-    raise TypeError(f"{what} must be a jax.random key (jax.random.key(seed)) or a uint32[2] jax.random.PRNGKey, "
-                    f"got {type(rng).__name__}{'' if not hasattr(rng, 'dtype') else f' of dtype {rng.dtype}'}")
-
-
-def reverse_mode_only(enabled: bool) -> contextlib.AbstractContextManager[None]:
-    """Within this block, graphs are traced for reverse-mode differentiation only (or not, if not ``enabled``)."""
-    return _set(_REVERSE_MODE_ONLY, bool(enabled))
-
-
-def reverse_mode_only_active() -> bool:
-    """Whether the graph being traced is traced for reverse-mode differentiation only."""
-    return _REVERSE_MODE_ONLY.get()
-
-
-def index_checks(enabled: bool) -> contextlib.AbstractContextManager[None]:
-    """Within this block, graphs are traced with ``checkify`` checks of their gather and scatter indices."""
-    return _set(_INDEX_CHECKS, bool(enabled))
-
-
-def index_checks_active() -> bool:
-    """Whether the graph being traced checks its gather and scatter indices (``checkify.check``)."""
-    return _INDEX_CHECKS.get()
+__all__ = ["Feeds", "graph_function", "static_key", "run_dtype"]
 
 
 # ------------------------------------------------------------------ the dtype policy
@@ -235,6 +134,8 @@ class Feeds:
     def _tensor(self, name: str, value: Any, *, shaped: bool = True) -> Any:
         info = self.by_name[name]
         declared = np.dtype(info.dtype)
+        if declared == STRING:
+            return self._shaped(name, self._strings(name, value), shaped)
         wanted = run_dtype(declared)
         python = isinstance(value, (bool, int, float, complex, list, tuple))
         if python:
@@ -256,12 +157,37 @@ class Feeds:
             elif dtype != declared:  # (a DOUBLE input fed float64 with 64-bit mode off runs as float32, as in JAX)
                 raise TypeError(f"graph input {name!r} is declared {declared}{_mode_note(declared, wanted)}, fed "
                                 f"{dtype}; ONNX does not convert types implicitly: cast the value first")
+        return self._shaped(name, value, shaped)
+
+    def _shaped(self, name: str, value: Any, shaped: bool) -> Any:
+        info = self.by_name[name]
         shape = tuple(np.shape(value))
         if shaped and info.shape is not None and shape != info.shape and (
                 len(shape) != len(info.shape) or any(shape[a] != d for a, d in self._fixed[name])):
             raise ValueError(f"graph input {name!r} is declared with shape {shape_text(info.shape)}, fed shape "
                              f"{shape}")
         return value
+
+    @staticmethod
+    def _strings(name: str, value: Any) -> np.ndarray:
+        """A STRING input's value as a NumPy object array of ``str`` (``bytes`` decoded as UTF-8)."""
+        array = np.asarray(value, dtype=object) if isinstance(value, (str, bytes, list, tuple)) else value
+        if not isinstance(array, np.ndarray) or array.dtype.kind not in "OUS":
+            raise TypeError(f"graph input {name!r} is declared string; feed a NumPy array of str, got "
+                            f"{type(value).__name__}{'' if not hasattr(value, 'dtype') else ' of ' + str(value.dtype)}")
+        flat = []
+        for item in array.ravel().tolist():
+            if isinstance(item, bytes):
+                try:
+                    item = item.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise ValueError(f"graph input {name!r}: a string that is not UTF-8 ({item[:20]!r})") from None
+            if not isinstance(item, str):
+                raise TypeError(f"graph input {name!r} is declared string; it holds a {type(item).__name__}")
+            flat.append(item)
+        out = np.empty(array.shape, dtype=object)
+        out.ravel()[:] = flat if flat else []
+        return out
 
     @staticmethod
     def _integer(name: str, value: Any, declared: np.dtype, wanted: np.dtype, python: bool) -> Any:
@@ -298,13 +224,12 @@ class Feeds:
     def split(self, feeds: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
         """``(static values, dynamic names)``: the concrete values of the static inputs, the rest by name."""
         static = {name: np.asarray(value) for name, value in feeds.items()
-                  if name in self.static and not isinstance(value, jax.core.Tracer)}
+                  if name in self.static and not isinstance(value, jax.core.Tracer)}  # (strings are among them)
         return static, tuple(name for name in feeds if name not in static)
 
 
 # ------------------------------------------------------------------ the traced graph
 
-_TRUNCATED = r"Explicitly requested dtype (int64|uint64|float64|complex128) requested in .* is not available"
 
 
 def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], static: dict[str, np.ndarray],
@@ -324,10 +249,11 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
     true) runs the graph's repeated blocks as scans."""
     key = (dynamic, donate, tuple(sorted((options or {}).items())), reverse_only, checks, rng,
            bool(jax.config.jax_enable_x64),
-           tuple((n, v.dtype.str, v.shape, v.tobytes()) for n, v in sorted(static.items())))
+           static_key(static))
     fn = cache.get(key)
     if fn is None:
         outputs = list(outputs)
+        host: dict[int, np.ndarray] = {}
 
         def run(*values):
             drawn, values = (values[0], values[1:]) if rng else (None, values)
@@ -339,21 +265,33 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
                           else graph.evaluate(feeds, outputs, check_feeds=False))
             if jit:
                 _log.info("traced the graph (%d nodes) in %.2f s", len(graph.nodes), time.perf_counter() - start)
-            return tuple(result[name] for name in outputs)
+            # A string output was computed on the host from static values while tracing: it leaves the compiled
+            # program as that constant (this function is cached per static value).
+            host.update((i, result[name]) for i, name in enumerate(outputs) if _is_string(result[name]))
+            return tuple(None if i in host else result[name] for i, name in enumerate(outputs))
 
         if not jit:
-            fn = cache[key] = run
+            def eager(*values):
+                out = run(*values)
+                return tuple(host.get(i, o) for i, o in enumerate(out)) if host else out
+
+            eager.traceable = run  # type: ignore[attr-defined]  # (string outputs left as None: for eval_shape)
+            fn = cache[key] = eager
             return fn
         if checks:  # the checks functionalized inside the compiled program, raised after it ran
             compiled = jax.jit(checkify.checkify(run, errors=checkify.user_checks), donate_argnums=donate,
                                compiler_options=options)
 
-            def jitted(*values):
+            def program(*values):
                 err, out = compiled(*values)
                 err.throw()
                 return out
         else:
-            jitted = jax.jit(run, donate_argnums=donate, compiler_options=options)
+            program = jax.jit(run, donate_argnums=donate, compiler_options=options)
+
+        def jitted(*values):
+            out = program(*values)
+            return tuple(host.get(i, o) for i, o in enumerate(out)) if host else out
 
         names = ("(rng key)", *dynamic) if rng else dynamic
         seen: dict[tuple, None] = {}
@@ -386,9 +324,19 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
             return out
 
         logged.signatures = seen  # type: ignore[attr-defined]
-        logged.jitted = jitted  # type: ignore[attr-defined]
+        logged.jitted = program  # type: ignore[attr-defined]  # (the jax.jit function: .lower(...) reads its HLO)
         fn = cache[key] = logged
     return fn
+
+
+def _is_string(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype == STRING
+
+
+def static_key(static: Mapping[str, np.ndarray]) -> tuple:
+    """The static values as a cache key: name, dtype, shape and bytes (an array of strings: the strings)."""
+    return tuple((n, v.dtype.str, v.shape, repr(v.tolist()) if v.dtype == STRING else v.tobytes())
+                 for n, v in sorted(static.items()))
 
 
 def _signature(value: Any) -> Any:

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 from optkit.onnx._convert import Converted
-from optkit.onnx._feeds import Feeds, as_key, graph_function, run_dtype
+from optkit.onnx._feeds import Feeds, graph_function, run_dtype
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits
 from optkit.onnx._load import load
@@ -31,6 +31,7 @@ from optkit.onnx._lora import LoRA
 from optkit.onnx._protos import InputInfo
 from optkit.onnx._scan import layers_of
 from optkit.onnx._summary import describe
+from optkit.onnx._tracing import as_key
 from optkit.onnx._training_model import select_trainable
 
 __all__ = ["OnnxFunction", "to_jax"]

@@ -23,7 +23,7 @@ from onnx import helper
 from optkit._src.graph.names import shape_text
 from optkit.onnx._errors import UnsupportedOpError
 from optkit.onnx._limits import check_size
-from optkit.onnx._ops._values import DTYPES, TRAINING_DOMAIN, normalize_domain, onnx_dtype, tensor_value
+from optkit.onnx._ops._values import DTYPES, STRING, TRAINING_DOMAIN, normalize_domain, onnx_dtype, tensor_value
 
 __all__ = ["InputInfo", "Declared", "decode_graph", "node_model", "parse_attributes"]
 
@@ -122,7 +122,8 @@ def _input_info(value_info: onnx.ValueInfoProto, has_default: bool, limit: int, 
         dtype = onnx_dtype(elem, f"graph input {value_info.name!r}") if elem else None
         return InputInfo(value_info.name, dtype, None, has_default, container)
     tensor = value_info.type.tensor_type
-    dtype = onnx_dtype(tensor.elem_type, f"graph input {value_info.name!r}")
+    dtype = (STRING if tensor.elem_type == onnx.TensorProto.STRING else
+             onnx_dtype(tensor.elem_type, f"graph input {value_info.name!r}"))
     shape = None
     if tensor.HasField("shape"):
         dims: list[int | str | None] = []

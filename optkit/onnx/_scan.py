@@ -29,7 +29,7 @@ operator needs before running, a carry whose type changes) runs unrolled, the
 cause logged once on the ``optkit.onnx`` logger.
 
 Random operators draw from the same per-node streams as unrolled (the per-layer
-node name is scanned along, see :func:`optkit.onnx._feeds.node_streams`), so
+node name is scanned along, see :func:`optkit.onnx._tracing.node_streams`), so
 outputs and gradients are the unrolled form's to rounding.
 """
 
@@ -47,8 +47,8 @@ import numpy as np
 
 from optkit import Graph
 from optkit._src.graph.nodes import GraphNode
-from optkit.onnx._feeds import node_streams, random_key_active
 from optkit.onnx._ops._common import sharded_like
+from optkit.onnx._tracing import node_streams, random_key_active
 
 __all__ = ["Layers", "Run", "find_layers", "layers_of", "evaluate", "node_key", "MIN_BLOCK", "AUTO_MIN_BLOCKS"]
 

@@ -30,7 +30,7 @@ from jax.experimental import checkify
 
 from optkit import Graph
 from optkit.onnx._errors import ValueDependentError
-from optkit.onnx._feeds import tracing
+from optkit.onnx._tracing import tracing
 
 _log = logging.getLogger("optkit.onnx")
 

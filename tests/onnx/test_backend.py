@@ -82,4 +82,6 @@ def test_selection():
     # ONNX's cases of the random operators compute their expected values with NumPy's generator (skipped by the
     # conformance harness); tests/onnx/test_ops.py checks their distributions and seeds instead.
     random = {"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli", "Multinomial"}
-    assert table - random <= covered, sorted(table - random - covered)
+    # Optional's one ONNX case (loop16_seq_none) returns a sequence ONNX's runner cannot compare (skipped by the
+    # harness); tests/onnx/test_sequences.py runs Optional against ONNX Runtime instead.
+    assert table - random - {"Optional"} <= covered, sorted(table - random - {"Optional"} - covered)

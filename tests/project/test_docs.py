@@ -38,10 +38,10 @@ BLOCKS = re.findall(r"^```python\n(.*?)^```", README, re.S | re.M)
 
 
 def _env() -> dict[str, str]:
-    """A user's environment: no pytest or device-count settings (the suite's compile flag kept, tests/conftest.py)."""
+    """A user's environment: no pytest or device-count settings (the suite's compile flags kept, tests/conftest.py)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_ADDOPTS", "XLA_FLAGS"))}
     if "xla_llvm_disable_expensive_passes" in os.environ.get("XLA_FLAGS", ""):
-        env["XLA_FLAGS"] = "--xla_llvm_disable_expensive_passes=true"
+        env["XLA_FLAGS"] = "--xla_llvm_disable_expensive_passes=true --xla_backend_optimization_level=1"
     return env
 
 

@@ -12,8 +12,8 @@ import numpy as np
 from jax import lax
 from jax.experimental import checkify
 
-from optkit.onnx._feeds import index_checks_active, node_stream, random_key_active
 from optkit.onnx._ops._registry import NodeContext
+from optkit.onnx._tracing import index_checks_active, node_stream, random_key_active
 
 __all__ = ["body_runner", "aligned", "sharded_like", "reshape", "reshape_sharding", "on_cpu", "axis_index",
            "axis_indices", "is_integer", "lowest", "checked_indices", "below_max", "softmax", "log_softmax"]

@@ -22,6 +22,8 @@ __all__ = [
     "dtype_name",
     "onnx_dtype",
     "tensor_value",
+    "STRING",
+    "is_string",
     "is_static",
     "as_static",
     "node_name",
@@ -129,6 +131,17 @@ def tensor_value(tensor: onnx.TensorProto, what: str) -> np.ndarray:
 
 # ---------------------------------------------------------------------------
 # Values known before running
+
+
+# ONNX's STRING tensors: NumPy object arrays of ``str``, values known before running (a graph input of this type
+# is static: compiled once per value), computed on the host; a string output leaves the compiled program as it was
+# computed while tracing (optkit.onnx._feeds.graph_function).
+STRING = np.dtype(object)
+
+
+def is_string(value: Any) -> bool:
+    """True for a NumPy array of ONNX strings (object dtype)."""
+    return isinstance(value, np.ndarray) and value.dtype == STRING
 
 
 def is_static(value: Any) -> bool:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from optkit.onnx._feeds import random_key_active
 from optkit.onnx._ops._common import node_key
 from optkit.onnx._ops._registry import Family
+from optkit.onnx._tracing import random_key_active
 
 OPS = Family("adapters", "ai.optkit")
 

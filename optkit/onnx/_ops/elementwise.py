@@ -17,7 +17,7 @@ from jax import lax
 
 from optkit.onnx._ops._common import is_integer
 from optkit.onnx._ops._registry import ELEMENTWISE, Family, Fusion, Layout
-from optkit.onnx._ops._values import onnx_dtype, storage_bits
+from optkit.onnx._ops._values import is_string, onnx_dtype, storage_bits
 
 OPS = Family("elementwise")
 
@@ -34,7 +34,6 @@ OPS = Family("elementwise")
 @OPS.op("Log", 6, 13, params=(jnp.log,), layout=ELEMENTWISE)
 @OPS.op("Sigmoid", 6, 13, params=(jax.nn.sigmoid,), layout=ELEMENTWISE)
 @OPS.op("Tanh", 6, 13, params=(jnp.tanh,), layout=ELEMENTWISE)
-@OPS.op("Equal", 7, 11, 13, 19, params=(jnp.equal,))
 @OPS.op("Less", 7, 9, 13, params=(jnp.less,))
 @OPS.op("Greater", 7, 9, 13, params=(jnp.greater,))
 @OPS.op("GreaterOrEqual", 12, 16, params=(jnp.greater_equal,))
@@ -69,6 +68,16 @@ OPS = Family("elementwise")
         layout=ELEMENTWISE)
 def _one_function(ctx, fn):
     return fn
+
+
+@OPS.op("Equal", 7, 11, 13, 19)
+def _equal(ctx):
+    def equal(a, b):
+        if is_string(a) or is_string(b):  # ONNX STRING tensors (version 19): compared on the host
+            return np.equal(a, b).astype(bool)
+        return jnp.equal(a, b)
+
+    return equal
 
 
 def _divide(a, b):

@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from optkit.onnx._feeds import reverse_mode_only_active
 from optkit.onnx._ops._common import aligned, axis_index, log_softmax, on_cpu, softmax
 from optkit.onnx._ops._registry import Family, Layout
 from optkit.onnx._ops._window import (
@@ -23,6 +22,7 @@ from optkit.onnx._ops._window import (
     windowed,
     with_spatial,
 )
+from optkit.onnx._tracing import reverse_mode_only_active
 
 OPS = Family("nn")
 

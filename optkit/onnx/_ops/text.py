@@ -1,5 +1,12 @@
-"""Text features on integer token ids: ONNX's ``TfIdfVectorizer`` (opset 9), what scikit-learn's and Keras's text
-pipelines export for bag-of-n-grams features.
+"""Text: ONNX's string operators (``StringConcat``, ``StringSplit``, ``RegexFullMatch``, ``StringNormalizer``), and
+``TfIdfVectorizer`` on integer token ids (opset 9), what scikit-learn's and Keras's text pipelines export for
+bag-of-n-grams features.
+
+Strings are NumPy object arrays of ``str`` computed on the host: a STRING graph input is static (known before
+running, one compile per value), the string operators run while the graph is traced, and a string output leaves
+the compiled program as the value computed then (:data:`optkit.onnx._ops._values.STRING`). ``RegexFullMatch``
+matches with Python's ``re`` (ONNX specifies RE2's syntax, which Python's accepts for the common patterns; a
+pattern Python rejects is an error naming the node).
 
 Semantics from ONNX's operator page (``TfIdfVectorizer``): the n-grams to count are listed in ``pool_int64s``,
 grouped by length (``ngram_counts[i]`` is where the (i+1)-grams start), each with its output column
@@ -12,10 +19,13 @@ refused: optkit runs tensors.
 
 from __future__ import annotations
 
+import re
+
 import jax.numpy as jnp
 import numpy as np
 
 from optkit.onnx._ops._registry import Family
+from optkit.onnx._ops._values import STRING, is_string
 
 OPS = Family("text")
 
@@ -87,3 +97,80 @@ def _tfidf_vectorizer(ctx):
         return found @ jnp.asarray(scatter)
 
     return tfidf_vectorizer
+
+
+def _strings(ctx, value, what: str) -> np.ndarray:
+    if not is_string(value):
+        raise ctx.error(f"{what} must be a string tensor, got {getattr(value, 'dtype', type(value).__name__)}")
+    return value
+
+
+def _object_array(items, shape) -> np.ndarray:
+    out = np.empty(shape, dtype=STRING)
+    out.ravel()[:] = list(items)
+    return out
+
+
+@OPS.op("StringConcat", 20, static_inputs=(0, 1))
+def _string_concat(ctx):
+    def string_concat(x, y):
+        a, b = np.broadcast_arrays(_strings(ctx, x, "X"), _strings(ctx, y, "Y"))
+        return _object_array((p + q for p, q in zip(a.ravel().tolist(), b.ravel().tolist())), a.shape)
+
+    return string_concat
+
+
+@OPS.op("RegexFullMatch", 20, static_inputs=(0,))
+def _regex_full_match(ctx):
+    pattern = ctx.attrs.get("pattern")
+    if pattern is None:
+        raise ctx.error("the attribute 'pattern' is required")
+    try:
+        compiled = re.compile(pattern)
+    except re.error as err:
+        raise ctx.error(f"pattern {pattern!r} is not a regular expression Python's re accepts: {err}") from None
+
+    def regex_full_match(x):
+        x = _strings(ctx, x, "X")
+        return np.array([compiled.fullmatch(v) is not None for v in x.ravel().tolist()], bool).reshape(x.shape)
+
+    return regex_full_match
+
+
+@OPS.op("StringSplit", 20, static_inputs=(0,))
+def _string_split(ctx):
+    delimiter = ctx.attrs.get("delimiter") or None  # empty or absent: runs of whitespace, as str.split()
+    maxsplit = ctx.attrs.get("maxsplit")
+    limit = -1 if maxsplit is None else int(maxsplit)
+
+    def string_split(x):
+        x = _strings(ctx, x, "X")
+        parts = [v.split(delimiter, limit) if v or delimiter is not None else [] for v in x.ravel().tolist()]
+        width = max((len(p) for p in parts), default=0)
+        ctx.check_size((x.size, width), STRING, "output 'Y'")
+        y = _object_array((q for p in parts for q in p + [""] * (width - len(p))), (*x.shape, width))
+        return y, np.array([len(p) for p in parts], np.int64).reshape(x.shape)
+
+    return string_split
+
+
+@OPS.op("StringNormalizer", 10, static_inputs=(0,))
+def _string_normalizer(ctx):
+    action = ctx.attrs.get("case_change_action", "NONE")
+    if action not in ("NONE", "LOWER", "UPPER"):
+        raise ctx.error(f"case_change_action must be NONE, LOWER or UPPER, got {action!r}")
+    sensitive = bool(ctx.attrs.get("is_case_sensitive", 0))
+    stopwords = set(ctx.attrs.get("stopwords") or ())
+    if not sensitive:
+        stopwords = {w.lower() for w in stopwords}
+    change = {"NONE": str, "LOWER": str.lower, "UPPER": str.upper}[action]
+
+    def string_normalizer(x):
+        x = _strings(ctx, x, "X")
+        if x.ndim not in (1, 2) or x.ndim == 2 and x.shape[0] != 1:
+            raise ctx.error(f"X must be [C] or [1, C], got shape {list(x.shape)}")
+        kept = [change(v) for v in x.ravel().tolist() if (v if sensitive else v.lower()) not in stopwords]
+        kept = kept or [""]  # (every string removed: one empty string, as ONNX specifies)
+        return _object_array(kept, (len(kept),) if x.ndim == 1 else (1, len(kept)))
+
+    return string_normalizer
