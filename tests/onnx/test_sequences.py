@@ -183,3 +183,23 @@ def test_a_slice_whose_end_is_computed_from_values_runs_in_segments_as_onnx_runt
         offsets = np.array(offsets, np.int64)
         np.testing.assert_allclose(rep.run([table, offsets])[0], _ort(model, {"table": table, "offsets": offsets})[0],
                                    rtol=1e-6)
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+@pytest.mark.parametrize("x64", [False, True])
+def test_torchs_embedding_bag_exports_run_through_prepare_as_onnx_runtime(exporter, x64):
+    """A DLRM-style nn.EmbeddingBag as both torch.onnx exporters write it (tests/onnx/models/make_models.py
+    ``bags``): TorchScript's Loop slices the bags with ends read from the offsets, dynamo's grows a sequence; both
+    run between compiled segments and give ONNX Runtime's values; inside jax.jit they are refused by name."""
+    import pathlib
+
+    folder = pathlib.Path(__file__).parent / "models" / "bags"
+    data = np.load(folder / f"torch_{exporter}_embedding_bag.npz")
+    with jax.enable_x64(x64):
+        got = optkit.onnx.prepare(str(folder / f"torch_{exporter}_embedding_bag.onnx")).run(
+            {"idx": data["idx"], "off": data["off"]}).output
+    np.testing.assert_allclose(got, data["output"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got, data["torch_output"], rtol=1e-5, atol=1e-6)
+    apply_fn, params = optkit.onnx.to_jax(str(folder / f"torch_{exporter}_embedding_bag.onnx"))
+    with pytest.raises(ValueError, match=r"node .*prepare\(model\)\.run"):
+        jax.jit(apply_fn)(params, data["idx"], data["off"])

@@ -24,6 +24,7 @@ onnxruntime, none of which optkit depends on); the files are committed:
         onnxscript transformers jax2onnx flax pillow && /tmp/export/bin/pip install --no-deps torchvision
     /tmp/export/bin/python tests/onnx/models/make_models.py            # about 2 minutes
     /tmp/export/bin/python tests/onnx/models/make_models.py families   # only the families of issue 32
+    /tmp/export/bin/python tests/onnx/models/make_models.py bags       # only the EmbeddingBag exports (bags/)
 
 torchvision's PyPI wheel is built for another torch; its C++ operators (detection ops, unused
 here) are stubbed before importing it (``_import_torchvision``).
@@ -225,6 +226,49 @@ def export_torch(out: pathlib.Path, models=None) -> dict:
             records[stem] = {"exporter": f"torch.onnx ({exporter})", "opset": opset, "framework": "torch",
                              "ops": sorted({n.op_type for n in model.graph.node})}
             print(stem, path.stat().st_size, "bytes")
+    return records
+
+
+def export_bags(out: pathlib.Path) -> dict:
+    """A DLRM-style ``nn.EmbeddingBag`` (sum of each bag's rows, then a Linear) by both exporters, into ``bags/``:
+    TorchScript writes a ``Loop`` whose ``Slice`` ends are read from the offsets, dynamo a ``Loop`` that grows a
+    sequence (``SequenceEmpty``, ``ConcatFromSequence``). Inputs ``idx`` (int64 token ids) and ``off`` (int64
+    bag starts); the ``.npz`` holds them, ONNX Runtime's output and torch's."""
+    import onnx
+    import onnxruntime
+    import torch
+
+    class Bags(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bag, self.head = torch.nn.EmbeddingBag(20, 4, mode="sum"), torch.nn.Linear(4, 2)
+
+        def forward(self, idx, off):
+            return self.head(self.bag(idx, off))
+
+    torch.manual_seed(SEED)
+    module = Bags().eval()
+    idx, off = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 19, 0]), torch.tensor([0, 3, 5, 9])
+    (out / "bags").mkdir(exist_ok=True)
+    records = {}
+    for exporter in ("torchscript", "dynamo"):
+        stem = f"torch_{exporter}_embedding_bag"
+        path = out / "bags" / f"{stem}.onnx"
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            kwargs = {"dynamic_axes": {"idx": [0], "off": [0]}} if exporter == "torchscript" else {}
+            torch.onnx.export(module, (idx, off), str(path), input_names=["idx", "off"], output_names=["output"],
+                              opset_version=17 if exporter == "torchscript" else 20, dynamo=exporter == "dynamo",
+                              external_data=False, **kwargs)
+        model = onnx.load(str(path))
+        _strip_doc(model, path)
+        feeds = {"idx": idx.numpy(), "off": off.numpy()}
+        y = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        np.savez_compressed(out / "bags" / f"{stem}.npz", **feeds, output=y,
+                            torch_output=module(idx, off).detach().numpy())
+        records[f"bags/{stem}"] = {"exporter": f"torch.onnx ({exporter})", "framework": "torch",
+                                   "ops": sorted({n.op_type for n in model.graph.node})}
+        print(stem, path.stat().st_size, "bytes")
     return records
 
 
@@ -546,6 +590,8 @@ def main() -> None:
         records.update(export_light(out))
     if not only or "families" in only:
         records.update(export_torch(out, family_models()))
+    if not only or "bags" in only:
+        records.update(export_bags(out))
     packages = ["torch", "torchvision", "transformers", "onnxscript", "jax2onnx", "jax", "flax", "onnx",
                 "onnxruntime", "numpy"]
     for p in packages:  # a package this run did not need keeps the version recorded before
