@@ -811,3 +811,20 @@ def test_tfidf_vectorizer_matches_onnx_runtime_in_every_mode(mode, jit):
         got = optkit.onnx.prepare(model, jit=jit).run([x])
         np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
         assert want[0].shape[-1] == 7 and np.any(want[0])
+
+
+def test_stft_of_a_2d_real_signal_matches_onnx_runtime():
+    """torch's TorchScript export of torch.stft feeds STFT a (batch, length) signal, which ONNX Runtime runs as
+    (batch, length, 1); so does optkit."""
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import numpy_helper
+
+    x = np.random.default_rng(0).normal(size=(2, 32)).astype(np.float32)
+    inits = [numpy_helper.from_array(np.array(4, np.int64), "step"),
+             numpy_helper.from_array(np.hanning(8).astype(np.float32), "win")]
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("STFT", ["x", "step", "win"], ["y"], onesided=1)], "g", [_info("x", np.float32, [2, 32])],
+        [_info("y", np.float32, [2, 7, 5, 2])], initializer=inits), opset_imports=[helper.make_opsetid("", 17)])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for jit in (True, False):
+        np.testing.assert_allclose(optkit.onnx.prepare(model, jit=jit).run([x])[0], want, rtol=1e-5, atol=1e-5)

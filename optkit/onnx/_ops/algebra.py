@@ -188,8 +188,11 @@ def _stft(ctx):
     onesided = bool(ctx.attrs.get("onesided", 1))
 
     def stft(x, frame_step, window=None, frame_length=None):
+        if jnp.ndim(x) == 2:  # (batch, length) real, as torch's TorchScript export of torch.stft feeds it and
+            x = jnp.asarray(x)[..., None]  # ONNX Runtime runs it (the spec says (batch, length, 1))
         if jnp.ndim(x) != 3:
-            raise ctx.error(f"the signal must be (batch, length, 1 or 2), got shape {jnp.shape(x)}")
+            raise ctx.error(f"the signal must be (batch, length, 1 or 2) or (batch, length), got shape "
+                            f"{jnp.shape(x)}")
         step = _length(ctx, frame_step, "frame_step")
         length = _length(ctx, frame_length, "frame_length") if frame_length is not None else (
             jnp.shape(window)[0] if window is not None else jnp.shape(x)[1])
