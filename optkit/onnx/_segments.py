@@ -30,6 +30,7 @@ from jax.experimental import checkify
 
 from optkit import Graph
 from optkit.onnx._errors import ValueDependentError
+from optkit.onnx._ops._values import is_string
 from optkit.onnx._tracing import tracing
 
 _log = logging.getLogger("optkit.onnx")
@@ -150,8 +151,9 @@ class SegmentedRun:
     def _eager(self, node: Any, env: dict[str, Any]) -> None:
         self._runner.run((node,), env)
         for name in node.outputs:  # concrete results: fed to the next segment as values, not constants
-            if name and isinstance(env.get(name), np.ndarray | np.generic | list):
-                env[name] = jax.tree.map(jnp.asarray, env[name])
+            value = env.get(name)
+            if name and isinstance(value, np.ndarray | np.generic | list) and not is_string(value):
+                env[name] = jax.tree.map(jnp.asarray, value)  # (strings stay NumPy: computed on the host)
 
     def _plan(self, env: dict[str, Any]) -> list[Any]:
         """Find the split while running: trace what is left, and where it stops, compile the part before the

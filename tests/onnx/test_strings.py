@@ -69,3 +69,30 @@ def test_a_string_comparison_steers_a_compiled_float_computation_one_compile_per
         rep.run({"label": np.zeros(3, np.float32), "wanted": _strings("a", "b", "c"), "x": x})
     with pytest.raises(ValueError, match="graph input 'label' is declared with shape"):
         rep.run({"label": _strings("a", "b"), "wanted": _strings("a", "b", "c"), "x": x})
+
+
+def _encoder(in_type, out_type, **attrs):
+    node = helper.make_node("LabelEncoder", ["x"], ["y"], domain="ai.onnx.ml", **attrs)
+    return onnx_model([node], [helper.make_tensor_value_info("x", in_type, [5])],
+                      [helper.make_tensor_value_info("y", out_type, [5])], opsets=(("", 19), ("ai.onnx.ml", 4)))
+
+
+@pytest.mark.parametrize("case", ["string_to_int", "int_to_string", "float_to_int_nan"])
+def test_label_encoders_match_onnx_runtime(case):
+    """What skl2onnx writes for scikit-learn's LabelEncoder (string classes to ids) and the reverse mapping, on the
+    host; a numeric mapping traced (a NaN key matches NaN, as in ONNX Runtime)."""
+    if case == "string_to_int":
+        model = _encoder(S, I64, keys_strings=["cat", "dog", "émeu"], values_int64s=[3, 1, 2], default_int64=-7)
+        x = _strings("dog", "cow", "émeu", "cat", "")
+    elif case == "int_to_string":
+        model = _encoder(I64, S, keys_int64s=[3, 1, 2], values_strings=["cat", "dog", "émeu"], default_string="?")
+        x = np.array([1, 5, 2, 3, 3], np.int64)
+    else:
+        model = _encoder(F, I64, keys_floats=[0.5, float("nan"), -1.0], values_int64s=[10, 20, 30])
+        x = np.array([np.nan, 0.5, 2.0, -1.0, np.nan], np.float32)
+    want = _ort(model, {"x": x})[0]
+    with jax.enable_x64(True):
+        got = optkit.onnx.prepare(model).run([x]).y
+        if case == "float_to_int_nan":
+            np.testing.assert_array_equal(jax.jit(optkit.onnx.to_jax(model)[0])({}, x), want)
+    assert got.dtype == want.dtype and got.tolist() == want.tolist()

@@ -103,6 +103,21 @@ def onnx_dtype(elem_type: int, what: str) -> np.dtype:
     return DTYPES[elem_type]
 
 
+def _strings_of(tensor: onnx.TensorProto, what: str) -> np.ndarray:
+    """A STRING TensorProto as a read-only object array of ``str`` (its bytes decoded as UTF-8)."""
+    count = int(np.prod(tensor.dims, dtype=np.int64)) if tensor.dims else 1
+    if len(tensor.string_data) != count:
+        raise ValueError(f"{what}: {len(tensor.string_data)} strings for dims {list(tensor.dims)}")
+    try:
+        items = [b.decode("utf-8") for b in tensor.string_data]
+    except UnicodeDecodeError:
+        raise ValueError(f"{what} holds a string that is not UTF-8") from None
+    value = np.empty(tuple(tensor.dims), dtype=STRING)
+    value.ravel()[:] = items
+    value.setflags(write=False)
+    return value
+
+
 def tensor_value(tensor: onnx.TensorProto, what: str) -> np.ndarray:
     """A TensorProto's value as a read-only NumPy array; ``what`` names it in errors.
 
@@ -119,6 +134,8 @@ def tensor_value(tensor: onnx.TensorProto, what: str) -> np.ndarray:
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
         raise ValueError(f"{what} keeps its data in an external file that was not loaded; load the "
                          f"model with optkit.onnx.load_model (from its path, or with base_dir=)")
+    if tensor.data_type == TensorProto.STRING:  # (an attribute or initializer of strings: an object array of str)
+        return _strings_of(tensor, what)
     onnx_dtype(tensor.data_type, what)
     try:
         value = numpy_helper.to_array(tensor)

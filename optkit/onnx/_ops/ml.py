@@ -1,6 +1,7 @@
 """ONNX's ``ai.onnx.ml`` operators that skl2onnx writes for scikit-learn models: ``LinearRegressor``,
 ``LinearClassifier``, ``Scaler``, ``Normalizer``, ``Binarizer``, ``Imputer``, ``ArrayFeatureExtractor``,
-``TreeEnsembleRegressor`` and ``TreeEnsembleClassifier`` (versions 1 and 3).
+``TreeEnsembleRegressor`` and ``TreeEnsembleClassifier`` (versions 1 and 3), ``LabelEncoder`` (versions 2 and 4;
+string keys or values on the host, :mod:`optkit.onnx._ops.text`).
 
 Formulas from the ``ai.onnx.ml`` operator pages, their details (binary classifiers' two scores, the post
 transforms, a missing value's branch) as ONNX Runtime's CPU kernels compute them, each checked against ONNX
@@ -16,8 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from optkit.onnx._errors import RUNS_IN_SEGMENTS, ValueDependentError
 from optkit.onnx._ops._common import aligned, take
 from optkit.onnx._ops._registry import Family
+from optkit.onnx._ops._values import STRING, is_string
 
 OPS = Family("ml", "ai.onnx.ml")
 
@@ -333,3 +336,51 @@ def _tree_ensemble_classifier(ctx):
         return take(jnp.asarray(labels), jnp.argmax(scores, axis=1), 0), transform(scores).astype(jnp.float32)
 
     return tree_ensemble_classifier
+
+
+def _label_table(ctx, side: str):
+    """``keys`` or ``values`` of a LabelEncoder as a NumPy array (object dtype for strings), from whichever of its
+    ``<side>_tensor``, ``_strings``, ``_int64s``, ``_floats`` attributes is given."""
+    a = ctx.attrs
+    if a.get(f"{side}_tensor") is not None:
+        return np.asarray(a[f"{side}_tensor"]).ravel()
+    for suffix, dtype in (("strings", STRING), ("int64s", np.int64), ("floats", np.float32)):
+        if a.get(f"{side}_{suffix}"):
+            return np.asarray(list(a[f"{side}_{suffix}"]), dtype=dtype)
+    raise ctx.error(f"give one of {side}_tensor, {side}_strings, {side}_int64s, {side}_floats")
+
+
+@OPS.op("LabelEncoder", 2, 4)
+def _label_encoder(ctx):
+    """Each input element's ``values`` entry at its position in ``keys``, else the default (``default_tensor``,
+    or ``default_string`` "_Unused", ``default_int64`` -1, ``default_float`` -0.0 by the values' type). String
+    keys or values are mapped on the host (a string input is known before running); numeric ones traced. Float
+    keys match NaN to NaN, as ONNX Runtime does."""
+    keys, values = _label_table(ctx, "keys"), _label_table(ctx, "values")
+    if len(keys) != len(values):
+        raise ctx.error(f"{len(keys)} keys but {len(values)} values")
+    a = ctx.attrs
+    if a.get("default_tensor") is not None:
+        default = np.asarray(a["default_tensor"]).ravel()[0]
+    else:
+        default = {STRING: a.get("default_string", "_Unused"), np.dtype(np.int64): a.get("default_int64", -1),
+                   np.dtype(np.float32): a.get("default_float", -0.0)}.get(values.dtype, 0)
+    table = dict(zip(keys.tolist(), values.tolist()))
+
+    def label_encoder(x):
+        if is_string(x) or values.dtype == STRING:
+            if isinstance(x, jax.core.Tracer):  # prepare runs it between compiled segments, on concrete values
+                raise ValueDependentError(ctx.message(f"its string values are made on the host from the input's "
+                                                      f"values; {RUNS_IN_SEGMENTS}"))
+            concrete = np.asarray(x)
+            out = np.empty(concrete.shape, dtype=values.dtype)
+            out.ravel()[:] = [table.get(k, default) for k in concrete.ravel().tolist()]
+            return out
+        x = jnp.asarray(x)
+        out = jnp.full(x.shape, default, values.dtype)
+        for key, value in zip(keys.tolist(), values.tolist()):
+            hit = jnp.isnan(x) if isinstance(key, float) and np.isnan(key) else x == key
+            out = jnp.where(hit, jnp.asarray(value, values.dtype), out)
+        return out
+
+    return label_encoder
