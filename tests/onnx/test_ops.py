@@ -828,3 +828,107 @@ def test_stft_of_a_2d_real_signal_matches_onnx_runtime():
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     for jit in (True, False):
         np.testing.assert_allclose(optkit.onnx.prepare(model, jit=jit).run([x])[0], want, rtol=1e-5, atol=1e-5)
+
+
+def _deform_conv_float64(x, w, offset, b, mask, kernel_shape, strides, dilations, pads, group, offset_group):
+    """ONNX's DeformConv written out loop by loop in float64: each tap sampled bilinearly (0 outside the image)."""
+    n, c, h, wd = x.shape
+    oc, kh, kw = w.shape[0], *kernel_shape
+    oh, ow = offset.shape[2:]
+    off = offset.reshape(n, offset_group, kh, kw, 2, oh, ow)
+    msk = mask.reshape(n, offset_group, kh, kw, oh, ow)
+
+    def sample(img, y, xx):
+        y0, x0, total = np.floor(y), np.floor(xx), 0.0
+        for yy, wy in ((y0, 1 - (y - y0)), (y0 + 1, y - y0)):
+            for xc, wx in ((x0, 1 - (xx - x0)), (x0 + 1, xx - x0)):
+                if 0 <= yy <= h - 1 and 0 <= xc <= wd - 1:
+                    total += img[int(yy), int(xc)] * wy * wx
+        return total
+
+    out = np.zeros((n, oc, oh, ow)) + b[None, :, None, None]
+    per_group, per_offset = c // group, c // offset_group
+    for bi, o, i, j in np.ndindex(n, oc, oh, ow):
+        g = o // (oc // group)
+        for ci in range(g * per_group, (g + 1) * per_group):
+            q = ci // per_offset
+            for a, e in np.ndindex(kh, kw):
+                y = i * strides[0] - pads[0] + a * dilations[0] + off[bi, q, a, e, 0, i, j]
+                xx = j * strides[1] - pads[1] + e * dilations[1] + off[bi, q, a, e, 1, i, j]
+                out[bi, o, i, j] += w[o, ci - g * per_group, a, e] * msk[bi, q, a, e, i, j] * sample(x[bi, ci], y, xx)
+    return out
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_deform_conv_matches_the_float64_formula_and_differentiates(jit):
+    """DeformConv with groups, offset groups, strides, dilations, asymmetric pads, a mask and a bias against its
+    formula in float64 loop by loop (and ONNX's reference evaluator, within its float32 sampling), and its gradients
+    in X, W, offset and mask against float64 central differences."""
+    from tests.onnx.helpers import assert_gradients_match_central_differences
+
+    rng = np.random.default_rng(5)
+    n, c, oc, h, w, group, og = 2, 4, 6, 7, 6, 2, 2
+    attrs = dict(kernel_shape=[3, 2], strides=[2, 1], dilations=[1, 2], pads=[1, 0, 2, 1], group=group,
+                 offset_group=og)
+    oh, ow = (h + 3 - 2 - 1) // 2 + 1, (w + 1 - 2 - 1) // 1 + 1
+    feeds = {"x": rng.normal(size=(n, c, h, w)), "w": rng.normal(size=(oc, c // group, 3, 2)),
+             "offset": 1.5 * rng.normal(size=(n, og * 6 * 2, oh, ow)), "b": rng.normal(size=oc),
+             "mask": rng.uniform(size=(n, og * 6, oh, ow))}
+    node = helper.make_node("DeformConv", list(feeds), ["y"], **attrs)
+    model = helper.make_model(helper.make_graph([node], "g", [_info(k, np.float64, v.shape) for k, v in feeds.items()],
+                                                [_info("y", np.float64, [n, oc, oh, ow])]),
+                              opset_imports=[helper.make_opsetid("", 22)])
+    want = _deform_conv_float64(**feeds, **attrs)
+    # ONNX's reference evaluator samples through its GridSample, which rounds to float32 (3e-7 off the float64 formula)
+    np.testing.assert_allclose(onnx.reference.ReferenceEvaluator(model).run(None, feeds)[0], want, rtol=1e-5, atol=1e-5)
+    with jax.enable_x64(True):
+        np.testing.assert_allclose(optkit.onnx.prepare(model, jit=jit).run(feeds)[0], want, rtol=1e-12, atol=1e-12)
+        if jit:
+            apply_fn, _ = optkit.onnx.to_jax(model, trainable=())
+            args = {k: jnp.asarray(v) for k, v in feeds.items()}
+            assert_gradients_match_central_differences(lambda *v: apply_fn({}, *v), args, ["x", "w", "offset", "mask"])
+
+
+def _image_model(pixel_format="RGB", then=()):
+    nodes = [helper.make_node("ImageDecoder", ["data"], ["image"], pixel_format=pixel_format), *then]
+    outputs = [_info("image", np.uint8, ["h", "w", "c"])] + [_info(n.output[0], np.float32, []) for n in then[-1:]]
+    return helper.make_model(helper.make_graph(nodes, "g", [_info("data", np.uint8, ["n"])], outputs),
+                             opset_imports=[helper.make_opsetid("", 20)])
+
+
+def _png(pixels):
+    import io
+
+    import PIL.Image
+
+    out = io.BytesIO()
+    PIL.Image.fromarray(pixels).save(out, format="PNG")
+    return np.frombuffer(out.getvalue(), np.uint8)
+
+
+@pytest.mark.parametrize("pixel_format", ["RGB", "BGR", "Grayscale"])
+def test_image_decoder_gives_the_pixels_and_feeds_a_compiled_graph(pixel_format):
+    """A PNG of known pixels decoded (the pixels back, in each format; grayscale by ITU-R 601-2 luma, as Pillow and
+    ONNX's reference do), then cast and averaged in the compiled part; one compile per image."""
+    pytest.importorskip("PIL")
+    rng = np.random.default_rng(3)
+    pixels = rng.integers(0, 256, size=(5, 7, 3), dtype=np.uint8)
+    then = [helper.make_node("Cast", ["image"], ["f"], to=TensorProto.FLOAT),
+            helper.make_node("ReduceMean", ["f"], ["mean"], keepdims=0)]
+    rep = optkit.onnx.prepare(_image_model(pixel_format, then))
+    image, mean = rep.run([_png(pixels)])
+    want = {"RGB": pixels, "BGR": pixels[:, :, ::-1],
+            "Grayscale": ((pixels.astype(np.int64) @ [19595, 38470, 7471] + 32768) >> 16).astype(np.uint8)[..., None]}
+    np.testing.assert_array_equal(image, want[pixel_format])
+    np.testing.assert_allclose(mean, want[pixel_format].mean(), rtol=1e-6)
+    rep.run([_png(pixels[:3])])
+    assert len(rep._functions) == 2
+
+
+def test_image_decoder_refuses_bad_bytes_and_oversized_images_by_name():
+    pytest.importorskip("PIL")
+    with pytest.raises(ValueError, match=r"ImageDecoder.*cannot decode the image \(4 bytes\)"):
+        optkit.onnx.prepare(_image_model()).run([np.array([1, 2, 3, 4], np.uint8)])
+    big = _png(np.zeros((300, 400, 3), np.uint8))
+    with pytest.raises(optkit.onnx.TensorTooLargeError, match="the decoded image"):
+        optkit.onnx.prepare(_image_model(), max_tensor_bytes=100_000).run([big])

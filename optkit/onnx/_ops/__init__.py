@@ -29,6 +29,7 @@ Where an operator goes: its family module, by what it does:
   (operators that carry a cache or a recurrent state);
 - :mod:`~optkit.onnx._ops.sequence`: sequences (Python lists of arrays) and optionals (None when empty):
   ``Sequence*``, ``SplitToSequence``, ``ConcatFromSequence``, ``SequenceMap``, ``Optional*``;
+- :mod:`~optkit.onnx._ops.image`: ``ImageDecoder`` (decoded on the host by Pillow);
 - :mod:`~optkit.onnx._ops.text`: ``TfIdfVectorizer`` on integer token ids;
 - :mod:`~optkit.onnx._ops.randomness`: ``RandomUniform``, ``RandomNormal``, their ``*Like`` forms,
   ``Bernoulli``, ``Multinomial`` (seeded with ``jax.random``);
@@ -60,6 +61,7 @@ from optkit.onnx._ops import (
     contrib_attention,
     control,
     elementwise,
+    image,
     indexing,
     loss,
     ml,
@@ -86,7 +88,7 @@ TABLE = OpTable(elementwise.OPS, nn.OPS, pool.OPS, normalization.OPS, recurrent.
                 training.OPS, control.OPS, attention.OPS, quantize.OPS,
                 resize.OPS, sampling.OPS, randomness.OPS, indexing.OPS, algebra.OPS, contrib.OPS,
                 contrib_attention.OPS, contrib.DEFAULT_DOMAIN_OPS, adapters.OPS, state.OPS, ml.OPS, sequence.OPS,
-                text.OPS)
+                text.OPS, image.OPS)
 
 
 def supported_ops() -> list[tuple[str, str, int]]:

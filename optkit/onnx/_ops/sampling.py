@@ -271,3 +271,63 @@ def _roi_align(ctx):
         return jnp.moveaxis(out, -1, 1).astype(jnp.result_type(x))
 
     return roi_align
+
+
+@OPS.op("DeformConv", 19, 22)
+def _deform_conv(ctx):
+    """A 2-D convolution whose taps are moved by learned ``offset`` (N, offset_group * kH * kW * 2, oH, oW; each
+    tap's (dy, dx)) and scaled by ``mask`` (N, offset_group * kH * kW, oH, oW; default 1): each tap samples its
+    input channels bilinearly at its moved position, 0 outside the image (ONNX's ``DeformConv``: GridSample with
+    ``align_corners``, zeros padding), then the taps are weighted by ``W`` (oC, C / group, kH, kW) as ``Conv``
+    does, plus ``B``. Differentiable in X, W, offset, mask and B."""
+    a = ctx.attrs
+    group, offset_group = int(a.get("group", 1)), int(a.get("offset_group", 1))
+
+    def deform_conv(x, w, offset, b=None, mask=None):
+        x, w, offset = jnp.asarray(x), jnp.asarray(w), jnp.asarray(offset)
+        if x.ndim != 4 or w.ndim != 4:
+            raise ctx.unsupported(f"optkit runs the 2-D DeformConv (X of rank 4), got X {x.shape}")
+        n, c, height, width = x.shape
+        kh, kw = (int(k) for k in a.get("kernel_shape") or w.shape[2:])
+        sh, sw = (int(s) for s in a.get("strides") or (1, 1))
+        dh, dw = (int(d) for d in a.get("dilations") or (1, 1))
+        top, left, bottom, right = (int(p) for p in a.get("pads") or (0, 0, 0, 0))
+        oh = (height + top + bottom - (kh - 1) * dh - 1) // sh + 1
+        ow = (width + left + right - (kw - 1) * dw - 1) // sw + 1
+        taps = kh * kw
+        if c != w.shape[1] * group or w.shape[0] % group or c % offset_group:
+            raise ctx.error(f"X {x.shape}, W {w.shape}, group {group} and offset_group {offset_group} do not fit")
+        if offset.shape != (n, offset_group * taps * 2, oh, ow):
+            raise ctx.error(f"offset must be {(n, offset_group * taps * 2, oh, ow)}, got {offset.shape}")
+        ctx.check_size((n, c, taps, oh, ow), x.dtype, "the sampled taps")
+        dtype = x.dtype
+        move = offset.reshape(n, offset_group, taps, 2, oh, ow)
+        ti, tj = np.divmod(np.arange(taps), kw)
+        y = (np.arange(oh)[None, :, None] * sh - top + ti[:, None, None] * dh).astype(np.float64)
+        xs = (np.arange(ow)[None, None, :] * sw - left + tj[:, None, None] * dw).astype(np.float64)
+        y = jnp.asarray(y, dtype) + move[:, :, :, 0]  # (n, og, taps, oh, ow)
+        xs = jnp.asarray(xs, dtype) + move[:, :, :, 1]
+        image = x.reshape(n, offset_group, c // offset_group, height, width)
+        y0, x0 = jnp.floor(y), jnp.floor(xs)
+        sampled = 0
+        batch = jnp.arange(n)[:, None, None, None, None]
+        grp = jnp.arange(offset_group)[None, :, None, None, None]
+        for yy, wy in ((y0, 1 - (y - y0)), (y0 + 1, y - y0)):
+            for xx, wx in ((x0, 1 - (xs - x0)), (x0 + 1, xs - x0)):
+                inside = (yy >= 0) & (yy <= height - 1) & (xx >= 0) & (xx <= width - 1)
+                yi = jnp.clip(yy, 0, height - 1).astype(jnp.int32)
+                xi = jnp.clip(xx, 0, width - 1).astype(jnp.int32)
+                corner = image[batch, grp, :, yi, xi]  # (n, og, taps, oh, ow, c / og)
+                sampled = sampled + corner * jnp.where(inside, wy * wx, 0).astype(dtype)[..., None]
+        if mask is not None:
+            sampled = sampled * jnp.asarray(mask).reshape(n, offset_group, taps, oh, ow)[..., None].astype(dtype)
+        # (n, og, taps, oh, ow, c/og) -> (n, group, c/group, taps, oh, ow)
+        cols = jnp.moveaxis(sampled, -1, 2).reshape(n, c, taps, oh, ow).reshape(n, group, c // group, taps, oh, ow)
+        kernel = w.reshape(group, w.shape[0] // group, c // group, taps)
+        out = jnp.einsum("ngctyx,goct->ngoyx", cols, kernel, precision=jax.lax.Precision.HIGHEST)
+        out = out.reshape(n, w.shape[0], oh, ow)
+        if b is not None:
+            out = out + jnp.asarray(b).astype(dtype)[None, :, None, None]
+        return out
+
+    return deform_conv
