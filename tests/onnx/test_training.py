@@ -355,7 +355,7 @@ def test_checker_runs_first():
         optkit.onnx.prepare(model)
 
 
-@pytest.mark.parametrize("op, domain, opset", [("StringNormalizer", "", 17), ("Foo", "com.example", 1)])
+@pytest.mark.parametrize("op, domain, opset", [("FlexAttention", "", 17), ("Foo", "com.example", 1)])
 def test_unsupported_op_names_type_domain_and_opset(op, domain, opset):
     node = helper.make_node(op, ["x"], ["y"], domain=domain)
     model = helper.make_model(
@@ -548,7 +548,7 @@ def test_a_sub_graph_is_converted_by_the_same_pipeline_and_reads_enclosing_names
 
 
 def test_operators_inside_sub_graphs_are_checked_with_the_model(apply_body_op):
-    model = _body_model(apply_body_op, [helper.make_node("StringNormalizer", ["xb"], ["yb"])])
+    model = _body_model(apply_body_op, [helper.make_node("FlexAttention", ["xb"], ["yb"])])
     with pytest.raises(optkit.onnx.UnsupportedOpError,
-                       match=r"ai.onnx::StringNormalizer \(opset 17\), 1 node 'StringNormalizer#0'"):
+                       match=r"ai.onnx::FlexAttention \(opset 17\), 1 node 'FlexAttention#0'"):
         optkit.onnx.prepare(model)
