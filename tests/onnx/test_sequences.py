@@ -203,3 +203,12 @@ def test_torchs_embedding_bag_exports_run_through_prepare_as_onnx_runtime(export
     apply_fn, params = optkit.onnx.to_jax(str(folder / f"torch_{exporter}_embedding_bag.onnx"))
     with pytest.raises(ValueError, match=r"node .*prepare\(model\)\.run"):
         jax.jit(apply_fn)(params, data["idx"], data["off"])
+
+
+def test_a_split_into_more_tensors_than_the_bound_is_refused_by_name():
+    model = onnx_model([helper.make_node("SplitToSequence", ["x"], ["seq"], axis=0, keepdims=0),
+                        helper.make_node("ConcatFromSequence", ["seq"], ["y"], axis=0)],
+                       [helper.make_tensor_value_info("x", F, [70000])],
+                       [helper.make_tensor_value_info("y", F, [70000])])
+    with pytest.raises(ValueError, match=r"SplitToSequence.*70000 tensors, more than optkit's limit of 65536"):
+        optkit.onnx.prepare(model).run([np.zeros(70000, np.float32)])

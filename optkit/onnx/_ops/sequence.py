@@ -26,6 +26,17 @@ from optkit.onnx._ops._values import onnx_dtype
 
 OPS = Family("sequence")
 
+# The most tensors a sequence may hold: each is a separate traced value (and SequenceMap traces its body once per
+# tensor), so a file that splits a large tensor into single elements is refused by name instead of taking the
+# process's memory.
+MAX_SEQUENCE_LENGTH = 2**16
+
+
+def _bounded(ctx, length: int, what: str) -> None:
+    if length > MAX_SEQUENCE_LENGTH:
+        raise ctx.error(f"{what} would hold {length} tensors, more than optkit's limit of {MAX_SEQUENCE_LENGTH} "
+                        f"for one sequence")
+
 
 def _sequence(ctx, value: Any, what: str = "input_sequence") -> list:
     if not isinstance(value, list):
@@ -81,6 +92,7 @@ def _sequence_insert(ctx):
         if seq and jnp.result_type(seq[0]) != jnp.result_type(tensor):
             raise ctx.error(f"tensor of {jnp.result_type(tensor)} inserted into a sequence of "
                             f"{jnp.result_type(seq[0])}")
+        _bounded(ctx, len(seq) + 1, "the sequence")
         where = len(seq) if position is None else _position(ctx, position, len(seq), insert=True)
         seq.insert(where, tensor)
         return seq
@@ -116,6 +128,7 @@ def _split_to_sequence(ctx):
         axis = axis_attr % x.ndim
         size = x.shape[axis]
         if split is None:
+            _bounded(ctx, size, "the split")
             pieces = [jnp.take(x, i, axis=axis) if not keepdims else
                       jnp.take(x, jnp.arange(i, i + 1), axis=axis) for i in range(size)]
             return pieces
@@ -130,6 +143,7 @@ def _split_to_sequence(ctx):
                 raise ctx.error(f"split {sizes} must be non-negative and sum to the axis size {size}")
         else:
             raise ctx.error(f"split must be a scalar or 1-D, got shape {split.shape}")
+        _bounded(ctx, len(sizes), "the split")
         starts = np.cumsum([0, *sizes[:-1]])
         return [jnp.take(x, jnp.arange(int(s), int(s) + n), axis=axis) for s, n in zip(starts, sizes)]
 
