@@ -282,19 +282,18 @@ def _node_function(fn, ctx: NodeContext, spec: OpSpec, schema: Any, count: int, 
         return out
 
     def node_function(*values):
-        if any(is_string(v) for v in values):  # strings: computed on the host (NumPy), before running
-            out = call(*values)
-            _check_outputs(out, ctx, limit)
-            return tuple(_folded(o) for o in out) if isinstance(out, tuple) else _folded(out)
-        if all(v is None or is_static(v) for v in values):
-            _check_outputs(jax.eval_shape(lambda: call(*values)), ctx, limit)
-            with jax.ensure_compile_time_eval():
+        strings = any(is_string(v) for v in values)
+        if strings or all(v is None or is_static(v) for v in values):
+            if strings:  # computed on the host (NumPy), before running: no abstract pass (JAX has no strings)
                 out = call(*values)
-            if any(isinstance(o, jax.core.Tracer) for o in (out if isinstance(out, tuple) else (out,))):
-                return out  # drawn from the run's random key (a traced value): not a constant
-            if isinstance(out, tuple):
-                return tuple(_folded(o) for o in out)
-            return _folded(out)
+                _check_outputs(out, ctx, limit)
+            else:
+                _check_outputs(jax.eval_shape(lambda: call(*values)), ctx, limit)
+                with jax.ensure_compile_time_eval():
+                    out = call(*values)
+                if any(isinstance(o, jax.core.Tracer) for o in (out if isinstance(out, tuple) else (out,))):
+                    return out  # drawn from the run's random key (a traced value): not a constant
+            return tuple(_folded(o) for o in out) if isinstance(out, tuple) else _folded(out)
         out = call(*values)
         # Traced (jit, eval_shape, BackendRep's abstract pass): nothing has run yet.
         _check_outputs(out, ctx, limit)

@@ -30,10 +30,10 @@ from jax.experimental import checkify
 
 from optkit import Graph
 from optkit._src.graph.names import shape_text
+from optkit.onnx._ops._values import STRING, is_string, string_array
 from optkit.onnx._tracing import tracing
 
 _log = logging.getLogger("optkit.onnx")
-STRING = np.dtype(object)  # ONNX's STRING inputs: NumPy object arrays of str (optkit.onnx._ops._values.STRING)
 
 __all__ = ["Feeds", "graph_function", "static_key", "run_dtype"]
 
@@ -185,9 +185,7 @@ class Feeds:
             if not isinstance(item, str):
                 raise TypeError(f"graph input {name!r} is declared string; it holds a {type(item).__name__}")
             flat.append(item)
-        out = np.empty(array.shape, dtype=object)
-        out.ravel()[:] = flat if flat else []
-        return out
+        return string_array(flat, array.shape)
 
     @staticmethod
     def _integer(name: str, value: Any, declared: np.dtype, wanted: np.dtype, python: bool) -> Any:
@@ -231,7 +229,6 @@ class Feeds:
 # ------------------------------------------------------------------ the traced graph
 
 
-
 def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], static: dict[str, np.ndarray],
                    dynamic: tuple[str, ...], *, jit: bool = True, donate: tuple[int, ...] = (),
                    options: dict[str, Any] | None = None, reverse_only: bool = False, checks: bool = False,
@@ -267,7 +264,7 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
                 _log.info("traced the graph (%d nodes) in %.2f s", len(graph.nodes), time.perf_counter() - start)
             # A string output was computed on the host from static values while tracing: it leaves the compiled
             # program as that constant (this function is cached per static value).
-            host.update((i, result[name]) for i, name in enumerate(outputs) if _is_string(result[name]))
+            host.update((i, result[name]) for i, name in enumerate(outputs) if is_string(result[name]))
             return tuple(None if i in host else result[name] for i, name in enumerate(outputs))
 
         if not jit:
@@ -327,10 +324,6 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
         logged.jitted = program  # type: ignore[attr-defined]  # (the jax.jit function: .lower(...) reads its HLO)
         fn = cache[key] = logged
     return fn
-
-
-def _is_string(value: Any) -> bool:
-    return isinstance(value, np.ndarray) and value.dtype == STRING
 
 
 def static_key(static: Mapping[str, np.ndarray]) -> tuple:

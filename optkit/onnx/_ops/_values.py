@@ -24,6 +24,7 @@ __all__ = [
     "tensor_value",
     "STRING",
     "is_string",
+    "string_array",
     "is_static",
     "as_static",
     "node_name",
@@ -112,8 +113,7 @@ def _strings_of(tensor: onnx.TensorProto, what: str) -> np.ndarray:
         items = [b.decode("utf-8") for b in tensor.string_data]
     except UnicodeDecodeError:
         raise ValueError(f"{what} holds a string that is not UTF-8") from None
-    value = np.empty(tuple(tensor.dims), dtype=STRING)
-    value.ravel()[:] = items
+    value = string_array(items, tuple(tensor.dims))
     value.setflags(write=False)
     return value
 
@@ -159,6 +159,13 @@ STRING = np.dtype(object)
 def is_string(value: Any) -> bool:
     """True for a NumPy array of ONNX strings (object dtype)."""
     return isinstance(value, np.ndarray) and value.dtype == STRING
+
+
+def string_array(items: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """An array of ONNX strings (object dtype) of ``shape`` holding ``items`` (``str``) in C order."""
+    out = np.empty(shape, dtype=STRING)
+    out.ravel()[:] = list(items)
+    return out
 
 
 def is_static(value: Any) -> bool:

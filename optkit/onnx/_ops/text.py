@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from optkit.onnx._ops._registry import Family
-from optkit.onnx._ops._values import STRING, is_string
+from optkit.onnx._ops._values import STRING, is_string, string_array
 
 OPS = Family("text")
 
@@ -105,17 +105,11 @@ def _strings(ctx, value, what: str) -> np.ndarray:
     return value
 
 
-def _object_array(items, shape) -> np.ndarray:
-    out = np.empty(shape, dtype=STRING)
-    out.ravel()[:] = list(items)
-    return out
-
-
 @OPS.op("StringConcat", 20, static_inputs=(0, 1))
 def _string_concat(ctx):
     def string_concat(x, y):
         a, b = np.broadcast_arrays(_strings(ctx, x, "X"), _strings(ctx, y, "Y"))
-        return _object_array((p + q for p, q in zip(a.ravel().tolist(), b.ravel().tolist())), a.shape)
+        return string_array((p + q for p, q in zip(a.ravel().tolist(), b.ravel().tolist())), a.shape)
 
     return string_concat
 
@@ -148,7 +142,7 @@ def _string_split(ctx):
         parts = [v.split(delimiter, limit) if v or delimiter is not None else [] for v in x.ravel().tolist()]
         width = max((len(p) for p in parts), default=0)
         ctx.check_size((x.size, width), STRING, "output 'Y'")
-        y = _object_array((q for p in parts for q in p + [""] * (width - len(p))), (*x.shape, width))
+        y = string_array((q for p in parts for q in p + [""] * (width - len(p))), (*x.shape, width))
         return y, np.array([len(p) for p in parts], np.int64).reshape(x.shape)
 
     return string_split
@@ -171,6 +165,6 @@ def _string_normalizer(ctx):
             raise ctx.error(f"X must be [C] or [1, C], got shape {list(x.shape)}")
         kept = [change(v) for v in x.ravel().tolist() if (v if sensitive else v.lower()) not in stopwords]
         kept = kept or [""]  # (every string removed: one empty string, as ONNX specifies)
-        return _object_array(kept, (len(kept),) if x.ndim == 1 else (1, len(kept)))
+        return string_array(kept, (len(kept),) if x.ndim == 1 else (1, len(kept)))
 
     return string_normalizer
