@@ -244,3 +244,51 @@ else:
                 got = jax.jit(jax.value_and_grad(loss))(jax.device_put(params, NamedSharding(mesh, P())), sharded)
             np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-5)
             chex.assert_trees_all_close(got[1], want[1], rtol=1e-4, atol=1e-6)
+
+    @pytest.mark.parametrize("op", ["TfIdfVectorizer", "DeformConv", "sequences"])
+    def test_this_rounds_operators_run_batch_sharded_on_the_default_mesh(op):
+        """TfIdfVectorizer, DeformConv and a sequence pipeline (SplitToSequence, SequenceMap, ConcatFromSequence)
+        on a batch sharded over 8 devices of jax.make_mesh's default (explicit) axes, under jax.jit: the values of
+        one device, the batch's sharding kept."""
+        from onnx import TensorProto, helper
+
+        rng = np.random.default_rng(11)
+        if op == "TfIdfVectorizer":
+            node = helper.make_node("TfIdfVectorizer", ["x"], ["y"], mode="TFIDF", min_gram_length=1,
+                                    max_gram_length=2, max_skip_count=1, ngram_counts=[0, 3],
+                                    pool_int64s=[4, 7, 9, 4, 7, 7, 9], ngram_indexes=[0, 1, 2, 3, 4],
+                                    weights=[1.0, 2.0, 3.0, 4.0, 5.0])
+            feeds = {"x": rng.choice([1, 4, 7, 9], size=(8, 11)).astype(np.int32)}
+            types, out = {"x": TensorProto.INT32}, [8, 5]
+        elif op == "DeformConv":
+            node = helper.make_node("DeformConv", ["x", "w", "offset"], ["y"], kernel_shape=[2, 2])
+            feeds = {"x": rng.normal(size=(8, 2, 5, 5)), "w": rng.normal(size=(3, 2, 2, 2)),
+                     "offset": rng.normal(size=(8, 8, 4, 4))}
+            feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+            types, out = dict.fromkeys(feeds, TensorProto.FLOAT), [8, 3, 4, 4]
+        else:
+            node = None
+            feeds = {"x": rng.normal(size=(8, 6)).astype(np.float32)}
+            types, out = {"x": TensorProto.FLOAT}, [8, 6]
+        if node is None:
+            body = helper.make_graph([helper.make_node("Tanh", ["e"], ["t"])], "body",
+                                     [helper.make_tensor_value_info("e", TensorProto.FLOAT, [8, 2])],
+                                     [helper.make_tensor_value_info("t", TensorProto.FLOAT, [8, 2])])
+            nodes = [helper.make_node("SplitToSequence", ["x", "two"], ["seq"], axis=1),
+                     helper.make_node("SequenceMap", ["seq"], ["mapped"], body=body),
+                     helper.make_node("ConcatFromSequence", ["mapped"], ["y"], axis=1)]
+            inits = [onnx.numpy_helper.from_array(np.array(2, np.int64), "two")]
+        else:
+            nodes, inits = [node], []
+        model = helper.make_model(helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info(k, types[k], v.shape) for k, v in feeds.items()],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], initializer=inits),
+            opset_imports=[helper.make_opsetid("", 22)])
+        apply_fn, _ = optkit.onnx.to_jax(model, trainable=())
+        want = apply_fn({}, *feeds.values())
+        mesh = jax.make_mesh((8,), ("data",))
+        with jax.set_mesh(mesh):
+            sharded = [jax.device_put(v, NamedSharding(mesh, P("data") if k != "w" else P())) for k, v in feeds.items()]
+            got = jax.jit(apply_fn)({}, *sharded)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+        assert got.sharding.spec[0] == "data"

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from optkit.onnx._errors import RUNS_IN_SEGMENTS, ValueDependentError
+from optkit.onnx._ops._common import reshape
 from optkit.onnx._ops._registry import Family
 from optkit.onnx._ops._values import as_static
 
@@ -301,31 +302,30 @@ def _deform_conv(ctx):
             raise ctx.error(f"offset must be {(n, offset_group * taps * 2, oh, ow)}, got {offset.shape}")
         ctx.check_size((n, c, taps, oh, ow), x.dtype, "the sampled taps")
         dtype = x.dtype
-        move = offset.reshape(n, offset_group, taps, 2, oh, ow)
+        move = reshape(offset, (n, offset_group, taps, 2, oh, ow))
         ti, tj = np.divmod(np.arange(taps), kw)
         y = (np.arange(oh)[None, :, None] * sh - top + ti[:, None, None] * dh).astype(np.float64)
         xs = (np.arange(ow)[None, None, :] * sw - left + tj[:, None, None] * dw).astype(np.float64)
         y = jnp.asarray(y, dtype) + move[:, :, :, 0]  # (n, og, taps, oh, ow)
         xs = jnp.asarray(xs, dtype) + move[:, :, :, 1]
-        image = x.reshape(n, offset_group, c // offset_group, height, width)
+        # Each (image, offset group)'s pixels in a row, every tap's four corners gathered along it (a gather with
+        # its batch axes aligned: sharded with the images on a mesh).
+        image = reshape(x, (n, offset_group, c // offset_group, height * width))
         y0, x0 = jnp.floor(y), jnp.floor(xs)
         sampled = 0
-        batch = jnp.arange(n)[:, None, None, None, None]
-        grp = jnp.arange(offset_group)[None, :, None, None, None]
         for yy, wy in ((y0, 1 - (y - y0)), (y0 + 1, y - y0)):
             for xx, wx in ((x0, 1 - (xs - x0)), (x0 + 1, xs - x0)):
                 inside = (yy >= 0) & (yy <= height - 1) & (xx >= 0) & (xx <= width - 1)
-                yi = jnp.clip(yy, 0, height - 1).astype(jnp.int32)
-                xi = jnp.clip(xx, 0, width - 1).astype(jnp.int32)
-                corner = image[batch, grp, :, yi, xi]  # (n, og, taps, oh, ow, c / og)
-                sampled = sampled + corner * jnp.where(inside, wy * wx, 0).astype(dtype)[..., None]
+                at = (jnp.clip(yy, 0, height - 1) * width + jnp.clip(xx, 0, width - 1)).astype(jnp.int32)
+                corner = jnp.take_along_axis(image, reshape(at, (n, offset_group, 1, taps * oh * ow)), axis=-1)
+                weight = reshape(jnp.where(inside, wy * wx, 0).astype(dtype), (n, offset_group, 1, taps * oh * ow))
+                sampled = sampled + corner * weight
         if mask is not None:
-            sampled = sampled * jnp.asarray(mask).reshape(n, offset_group, taps, oh, ow)[..., None].astype(dtype)
-        # (n, og, taps, oh, ow, c/og) -> (n, group, c/group, taps, oh, ow)
-        cols = jnp.moveaxis(sampled, -1, 2).reshape(n, c, taps, oh, ow).reshape(n, group, c // group, taps, oh, ow)
+            sampled = sampled * reshape(jnp.asarray(mask).astype(dtype), (n, offset_group, 1, taps * oh * ow))
+        cols = reshape(sampled, (n, group, c // group, taps, oh, ow))  # (n, og, c/og, taps*oh*ow) in channel order
         kernel = w.reshape(group, w.shape[0] // group, c // group, taps)
         out = jnp.einsum("ngctyx,goct->ngoyx", cols, kernel, precision=jax.lax.Precision.HIGHEST)
-        out = out.reshape(n, w.shape[0], oh, ow)
+        out = reshape(out, (n, w.shape[0], oh, ow))
         if b is not None:
             out = out + jnp.asarray(b).astype(dtype)[None, :, None, None]
         return out

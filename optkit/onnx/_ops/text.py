@@ -47,7 +47,7 @@ def _tfidf_vectorizer(ctx):
         raise ctx.error(f"min_gram_length {low}, max_gram_length {high}, max_skip_count {skip} and ngram_counts "
                         f"{counts} do not fit (1 <= min <= max <= len(ngram_counts), skip >= 0)")
     bounds = [*counts, len(pool)]
-    groups = []  # (n, the pool's n-grams as rows, their positions in ngram_indexes)
+    groups = []  # (n, the pool's n-grams as rows), in pool order
     position = 0
     for n in range(1, len(counts) + 1):
         start, stop = bounds[n - 1], bounds[n]
@@ -55,7 +55,7 @@ def _tfidf_vectorizer(ctx):
             raise ctx.error(f"ngram_counts {counts}: the {n}-grams pool_int64s[{start}:{stop}] is not a whole "
                             f"number of {n}-grams")
         grams = pool[start:stop].reshape(-1, n)
-        groups.append((n, grams, np.arange(position, position + len(grams))))
+        groups.append((n, grams))
         position += len(grams)
     if len(indexes) != position:
         raise ctx.error(f"ngram_indexes has {len(indexes)} entries for the {position} n-grams of pool_int64s")
@@ -73,23 +73,25 @@ def _tfidf_vectorizer(ctx):
         if x.ndim not in (1, 2) or not jnp.issubdtype(x.dtype, jnp.integer):
             raise ctx.error(f"X must be 1-D or 2-D integer token ids, got {x.dtype}{list(x.shape)}")
         length = x.shape[-1]
-        found = jnp.zeros((*x.shape[:-1], position), jnp.float32)
-        for n, grams, where in groups:
-            if not low <= n <= high or not len(grams):
-                continue
-            total = 0
-            for s in range(skip + 1 if n > 1 else 1):
+
+        def zeros(count):  # (N..., count) zeros laid out as x's rows are (sharded with them on a mesh)
+            return jnp.repeat(jnp.zeros_like(x[..., :1], dtype=jnp.float32), count, axis=-1)
+
+        parts = []  # each pool group's counts, in pool order
+        for n, grams in groups:
+            total = zeros(len(grams))
+            for s in range(skip + 1 if n > 1 else 1) if low <= n <= high and len(grams) else ():
                 step = s + 1
-                span = (n - 1) * step
-                if span >= length:
+                windows = length - (n - 1) * step
+                if windows <= 0:
                     break
-                windows = length - span
-                hit = jnp.ones((*x.shape[:-1], windows, len(grams)), bool)
+                hit = None
                 for k in range(n):
-                    item = x[..., k * step:k * step + windows, None]
-                    hit = hit & (item == jnp.asarray(grams[:, k], x.dtype))
+                    same = x[..., k * step:k * step + windows, None] == jnp.asarray(grams[:, k], x.dtype)
+                    hit = same if hit is None else hit & same
                 total = total + jnp.sum(hit, axis=-2, dtype=jnp.float32)
-            found = found.at[..., where].set(total)
+            parts.append(total)
+        found = jnp.concatenate(parts, axis=-1) if parts else zeros(0)
         if mode == "IDF":
             found = (found > 0).astype(jnp.float32) * weights
         elif mode == "TFIDF":
