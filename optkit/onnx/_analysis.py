@@ -151,9 +151,16 @@ def looks_trainable(value: np.ndarray) -> bool:
     overflows its dtype (exporters write attention masks as -inf or as the dtype's lowest value, -3.4e38 in
     float32; training one makes the step's statistics overflow)."""
     value = np.asarray(value)
-    if not np.all(np.isfinite(value)):
-        return False
-    return value.size == 0 or float(np.max(np.abs(value.astype(np.float64)))) < float(np.finfo(value.dtype).max) ** 0.5
+    flat, largest = value.reshape(-1), 0.0
+    for start in range(0, flat.size, _CHUNK):  # in chunks: no temporary the size of a large weight
+        part = flat[start:start + _CHUNK]
+        if not np.all(np.isfinite(part)):
+            return False
+        largest = max(largest, float(np.max(np.abs(part))))
+    return largest < float(np.finfo(value.dtype).max) ** 0.5
+
+
+_CHUNK = 2**20  # elements
 
 
 def default_trainable(initializers: Mapping[str, np.ndarray], read: frozenset[str],

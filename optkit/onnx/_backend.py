@@ -29,6 +29,7 @@ from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits, jax_device
 from optkit.onnx._load import load
 from optkit.onnx._ops._common import on_cpu
+from optkit.onnx._ops._values import is_mapped
 from optkit.onnx._protos import InputInfo, node_model
 from optkit.onnx._scan import layers_of
 from optkit.onnx._segments import SegmentedRun
@@ -132,6 +133,11 @@ class BackendRep(onnx.backend.base.BackendRep):
         self._checked: set[Any] = set()
         self._segmented: dict[Any, SegmentedRun] = {}
         self._layers = layers_of(loaded, scan_layers, False) if self._jit else None
+        # The weights mapped from external data, given to the compiled program as arguments: as constants, XLA
+        # would copy their bytes into the program. On the CPU the device array is the mapped file itself (a
+        # page-aligned view: jax.device_put makes no copy).
+        self._held = {name: jax.device_put(value, device) for name, value in self.graph.initializers.items()
+                      if self._jit and is_mapped(value) and name not in loaded.static_initializers}
 
     # -------------------------------------------------------------- running
 
@@ -199,7 +205,7 @@ class BackendRep(onnx.backend.base.BackendRep):
             # training graph compiles in 8 s instead of 21 s).
             fn = graph_function(self._functions, self.graph, self.outputs, static, dynamic, jit=self._jit,
                                 donate=donated, options=None if traced else self._options, checks=self._checks,
-                                reverse_only=not traced, layers=self._layers)
+                                reverse_only=not traced, layers=self._layers, held=self._held)
             if not self._jit:
                 # Op by op, NumPy values would be folded as constants: make them JAX arrays.
                 values = jax.tree.map(jnp.asarray, values)

@@ -232,7 +232,7 @@ class Feeds:
 def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], static: dict[str, np.ndarray],
                    dynamic: tuple[str, ...], *, jit: bool = True, donate: tuple[int, ...] = (),
                    options: dict[str, Any] | None = None, reverse_only: bool = False, checks: bool = False,
-                   rng: bool = False, layers: Any = None):
+                   rng: bool = False, layers: Any = None, held: Mapping[str, Any] | None = None):
     """``f(*values)`` -> the ``outputs`` of ``graph`` fed ``dynamic`` names positionally and ``static`` values as
     constants (the feeds checked by :class:`Feeds`), jitted with the ``donate`` positions donated and the XLA
     ``options``, traced for reverse-mode differentiation only if ``reverse_only`` (``to_jax``'s
@@ -243,7 +243,9 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
     ``rng``, ``f(key, *values)``: the random operators draw from the typed ``key`` (:func:`random_key`).
     Each call that compiles (the first, new input shapes or dtypes, new static values) is logged at INFO on the
     ``optkit.onnx`` logger with its cause and its time. ``layers`` (:class:`optkit.onnx._scan.Layers`, when
-    true) runs the graph's repeated blocks as scans."""
+    true) runs the graph's repeated blocks as scans. ``held`` (``{initializer: array}``, compiled only): initializers
+    given to the compiled program as arguments after ``values`` instead of as constants (the weights mapped from
+    external data, whose bytes a constant would copy into the program)."""
     key = (dynamic, donate, tuple(sorted((options or {}).items())), reverse_only, checks, rng,
            bool(jax.config.jax_enable_x64),
            static_key(static))
@@ -252,9 +254,16 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
         outputs = list(outputs)
         host: dict[int, np.ndarray] = {}
 
+        kept = tuple(held or ()) if jit else ()
+        kept_values = tuple((held or {})[name] for name in kept)
+
         def run(*values):
             drawn, values = (values[0], values[1:]) if rng else (None, values)
+            if kept:
+                values, given = values[:len(values) - len(kept)], values[len(values) - len(kept):]
             feeds = dict(zip(dynamic, values))
+            if kept:
+                feeds.update(zip(kept, given))
             feeds.update(static)
             start = time.perf_counter()
             with tracing(reverse_only=reverse_only, checks=checks, key=drawn):
@@ -287,7 +296,7 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
             program = jax.jit(run, donate_argnums=donate, compiler_options=options)
 
         def jitted(*values):
-            out = program(*values)
+            out = program(*values, *kept_values)
             return tuple(host.get(i, o) for i, o in enumerate(out)) if host else out
 
         names = ("(rng key)", *dynamic) if rng else dynamic
@@ -321,9 +330,20 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
             return out
 
         logged.signatures = seen  # type: ignore[attr-defined]
-        logged.jitted = program  # type: ignore[attr-defined]  # (the jax.jit function: .lower(...) reads its HLO)
+        # (the jax.jit function: .lower(...) reads its HLO)
+        logged.jitted = _WithHeld(program, kept_values) if kept else program  # type: ignore[attr-defined]
         fn = cache[key] = logged
     return fn
+
+
+class _WithHeld:
+    """A compiled graph function's ``jax.jit`` function with its held initializers given after the values."""
+
+    def __init__(self, program: Any, held: tuple[Any, ...]) -> None:
+        self.program, self.held = program, held
+
+    def lower(self, *values: Any) -> Any:
+        return self.program.lower(*values, *self.held)
 
 
 def static_key(static: Mapping[str, np.ndarray]) -> tuple:

@@ -113,10 +113,13 @@ def check_once(proto: onnx.ModelProto, origin: str, given: Any) -> None:
 
 
 def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None, limits: Limits,
-               check: Callable[[onnx.ModelProto, str], None] | None = None) -> tuple[onnx.ModelProto, str]:
+               check: Callable[[onnx.ModelProto, str], None] | None = None,
+               mapped: dict[tuple, Any] | None = None) -> tuple[onnx.ModelProto, str]:
     """The model read as :func:`load_model` reads it: ``(proto, origin)``, origin naming where it came from in
     messages. ``check(proto, origin)`` (``onnx.checker``) runs on the model before its external data is read
-    into it: the checker serializes what it checks, and protobuf refuses a message over 2 GiB."""
+    into it: the checker serializes what it checks, and protobuf refuses a message over 2 GiB. With ``mapped``,
+    external tensors are mapped from their files into it instead where they can be
+    (:func:`~optkit.onnx._tensors.load_external_data`)."""
     directory: str | None = None
     if isinstance(model, onnx.ModelProto):
         proto, origin = model, "the ModelProto"
@@ -151,7 +154,7 @@ def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None, limi
     proto = _sorted(proto, origin)
     if check is not None:
         check(proto, origin)
-    return load_external_data(proto, directory, origin), origin
+    return load_external_data(proto, directory, origin, mapped), origin
 
 
 # Operators ONNX Runtime registers in the default (ai.onnx) domain that ONNX does not define, which its own tools

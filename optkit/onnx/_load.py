@@ -43,6 +43,7 @@ from optkit.onnx._functions import expand_functions
 from optkit.onnx._limits import Limits
 from optkit.onnx._lora import LoRA, add_adapters
 from optkit.onnx._operators import check_operators
+from optkit.onnx._ops._values import mapped_tensors
 from optkit.onnx._untie import deduplicated
 from optkit.onnx._untie import untie as untie_copies
 
@@ -65,20 +66,23 @@ def load(model: ModelSource, limits: Limits, base_dir: str | os.PathLike[str] | 
         found.append(check_operators(proto))
         check_once(proto, origin, model)
 
-    proto, origin = read_model(model, base_dir, limits, check=check)
-    operators = found[0]
-    times.append(time.perf_counter())
-    if untie:
-        proto = untie_copies(proto, deduplicated(proto) if untie is True else untie)
-    adapters: tuple[str, ...] = ()
-    if lora is not None:
-        proto, adapters = add_adapters(proto, lora, lora_key)
-        operators = check_operators(proto)
-    times.append(time.perf_counter())
-    expanded = expand_functions(proto) if proto.functions else proto
-    converted = convert(expanded, operators, limits)
-    facts = facts_of(proto, converted.inputs, converted.graph.initializers, converted.static_initializers,
-                     converted.table_initializers)
+    # External data mapped from its files (no copy in the ModelProto): its tensors are decoded from the maps.
+    mapped: dict[tuple, Any] = {}
+    proto, origin = read_model(model, base_dir, limits, check=check, mapped=mapped)
+    with mapped_tensors(mapped):
+        operators = found[0]
+        times.append(time.perf_counter())
+        if untie:
+            proto = untie_copies(proto, deduplicated(proto) if untie is True else untie)
+        adapters: tuple[str, ...] = ()
+        if lora is not None:
+            proto, adapters = add_adapters(proto, lora, lora_key)
+            operators = check_operators(proto)
+        times.append(time.perf_counter())
+        expanded = expand_functions(proto) if proto.functions else proto
+        converted = convert(expanded, operators, limits)
+        facts = facts_of(proto, converted.inputs, converted.graph.initializers, converted.static_initializers,
+                         converted.table_initializers)
     times.append(time.perf_counter())
     read, check, build = (b - a for a, b in zip(times, times[1:]))
     _log.info("loaded %s: read %.2f s, operators and onnx.checker %.2f s, converted %d nodes %.2f s", origin, read,

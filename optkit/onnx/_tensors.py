@@ -7,14 +7,16 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import onnx
 
 from optkit.onnx._errors import UnsupportedOpError
 from optkit.onnx._limits import check_size
-from optkit.onnx._ops._values import DTYPES, dtype_name, node_name, storage_bits
+from optkit.onnx._ops._values import DTYPES, dtype_name, external_key, node_name, storage_bits
 
 __all__ = ["tensors_of", "check_tensors", "load_external_data", "declared_bytes", "PROGRESS_BYTES"]
 
@@ -88,13 +90,12 @@ def _external_location(tensor: onnx.TensorProto, where: str) -> tuple[str, int, 
     return fields.get("location", ""), numbers.get("offset", 0), numbers.get("length")
 
 
-def _read_external(tensor: onnx.TensorProto, root: str, directory: str, where: str) -> None:
-    """Read exactly the bytes ``tensor``'s dims and type need from its file in ``root``, into the tensor.
+def _external_file(tensor: onnx.TensorProto, root: str, directory: str, where: str) -> tuple[str, int, int]:
+    """``(path, offset, size)`` of ``tensor``'s bytes, checked: exactly the bytes its dims and type need.
 
     The size was bounded by :func:`check_tensors` before; the file must be
     inside ``root`` (no absolute path, no ``..``, no link out of it), hold
     ``offset + size`` bytes, and a ``length`` it declares must be that size.
-    Nothing else of the file is read.
     """
     location, offset, length = _external_location(tensor, where)
     parts = location.replace("\\", "/").split("/")
@@ -117,9 +118,20 @@ def _read_external(tensor: onnx.TensorProto, root: str, directory: str, where: s
             raise ValueError(f"{where}: its external data file {location!r} does not exist in {directory!r} "
                              f"(or is not a file)")
         available = os.path.getsize(target)
-        if offset + size > available:
-            raise ValueError(f"{where}: its external data file {location!r} holds {available} bytes, but dims "
-                             f"{list(tensor.dims)} of {dtype.name} at offset {offset} need {offset + size}")
+    except OSError as err:
+        raise ValueError(f"{where}: cannot read its external data {location!r} in {directory!r}: {err}") from None
+    if offset + size > available:
+        raise ValueError(f"{where}: its external data file {location!r} holds {available} bytes, but dims "
+                         f"{list(tensor.dims)} of {dtype.name} at offset {offset} need {offset + size}")
+    return target, offset, size
+
+
+def _read_external(tensor: onnx.TensorProto, root: str, directory: str, where: str) -> None:
+    """Read exactly the bytes ``tensor``'s dims and type need from its file in ``root`` (checked by
+    :func:`_external_file`), into the tensor. Nothing else of the file is read."""
+    target, offset, size = _external_file(tensor, root, directory, where)
+    location = _external_location(tensor, where)[0]
+    try:
         with open(target, "rb") as f:
             f.seek(offset)
             data = f.read(size)
@@ -132,8 +144,42 @@ def _read_external(tensor: onnx.TensorProto, root: str, directory: str, where: s
     tensor.raw_data = data
 
 
-def load_external_data(proto: onnx.ModelProto, directory: str | None, origin: str) -> onnx.ModelProto:
-    """``proto`` with the data of its external tensors read from ``directory`` (a copy when there are any)."""
+# The element types whose external bytes are the array itself (little-endian, one or more bytes per value), as
+# numpy_helper.to_array decodes them: such a tensor is mapped from its file instead of read (map_external_data).
+_MAPPABLE = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+                       onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16,
+                       onnx.TensorProto.INT32, onnx.TensorProto.UINT32, onnx.TensorProto.INT64,
+                       onnx.TensorProto.UINT64})
+
+
+def _mapped(tensor: onnx.TensorProto, root: str, directory: str, where: str,
+            files: dict[str, np.memmap]) -> np.ndarray | None:
+    """``tensor``'s value as a read-only view of its file mapped into memory (one map per file, in ``files``),
+    checked as :func:`_read_external` checks it; None for a type that is not stored as its array
+    (:data:`_MAPPABLE`) or on a machine that is not little-endian."""
+    if tensor.data_type not in _MAPPABLE or sys.byteorder != "little":
+        return None
+    target, offset, size = _external_file(tensor, root, directory, where)
+    if target not in files:
+        try:
+            files[target] = np.memmap(target, np.uint8, mode="r")
+        except (OSError, ValueError) as err:
+            location = _external_location(tensor, where)[0]
+            raise ValueError(f"{where}: cannot map its external data {location!r} in {directory!r}: {err}") from None
+    value = files[target][offset:offset + size].view(DTYPES[tensor.data_type]).reshape(tuple(tensor.dims))
+    value.setflags(write=False)
+    return value
+
+
+def load_external_data(proto: onnx.ModelProto, directory: str | None, origin: str,
+                       mapped: dict[tuple, np.ndarray] | None = None) -> onnx.ModelProto:
+    """``proto`` with the data of its external tensors read from ``directory`` (a copy when there are any).
+
+    With ``mapped`` (a dict filled here), each tensor whose type is stored as its array (:data:`_MAPPABLE`) is
+    mapped from its file instead (a read-only view, no copy: the pages are read as they are used) and stays
+    external in the copy; ``mapped[external_key(tensor)]`` is its value, which
+    :func:`~optkit.onnx._ops._values.tensor_value` returns inside :func:`~optkit.onnx._ops._values.mapped_tensors`.
+    """
     external = [(w, t) for w, t, _ in tensors_of(proto) if t.data_location == onnx.TensorProto.EXTERNAL]
     if not external:
         return proto
@@ -149,13 +195,20 @@ def load_external_data(proto: onnx.ModelProto, directory: str | None, origin: st
                if tensor.data_location == onnx.TensorProto.EXTERNAL]
     total = sum(declared_bytes(tensor) for _, tensor in tensors)
     bar = _progress(total, f"reading the external data of {origin}")
+    files: dict[str, np.memmap] = {}
+    count = 0
     for where, tensor in tensors:
-        _read_external(tensor, root, directory, where)
+        value = None if mapped is None else _mapped(tensor, root, directory, where, files)
+        if value is None:
+            _read_external(tensor, root, directory, where)
+            count += 1
+        else:
+            mapped[external_key(tensor)] = value
         if bar is not None:
-            bar.update(len(tensor.raw_data))
+            bar.update(declared_bytes(tensor))
     if bar is not None:
         bar.close()
-    _log.info("read %d external tensors (%d bytes) of %s", len(tensors), total, origin)
+    _log.info("read %d and mapped %d external tensors (%d bytes) of %s", count, len(tensors) - count, total, origin)
     return copy
 
 

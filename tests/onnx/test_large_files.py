@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -58,7 +59,8 @@ def _available_bytes() -> int:
         return 0
 
 
-@pytest.mark.skipif(_available_bytes() < 10 * 2**30, reason="needs 10 GiB of free memory (the load peaks near 7)")
+@pytest.mark.skipif(_available_bytes() < 10 * 2**30,
+                    reason="needs 10 GiB of free memory: the file is written, then mapped")
 def test_a_model_over_2_gib_of_external_data_loads_and_runs_from_another_directory(tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()
@@ -69,6 +71,79 @@ def test_a_model_over_2_gib_of_external_data_loads_and_runs_from_another_directo
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["bytes"] > 2**31 - 1
     assert result["y"] < 1e-3  # each MatMul by W = 1/n everywhere keeps the ones (float32 sums of 11600)
-    # Measured 3.1x the weights (the file's bytes in the ModelProto, as NumPy arrays and as XLA's constants);
-    # the bound keeps it from growing.
-    assert result["peak"] < 3.6 * result["bytes"], result
+    # The weights mapped from their file and given to the compiled program as arguments (no copy in the ModelProto,
+    # in NumPy or in XLA's constants): 1.12x the weights measured (3.1x when they were read and copied), against
+    # the bound of 1.5x.
+    assert result["peak"] < 1.5 * result["bytes"], result
+
+
+def _external_model(folder, offsets_aligned: bool):
+    """x @ W0 @ W1 + b with W0, W1, b in one external data file (b at an offset that is not 64-byte aligned
+    unless ``offsets_aligned``), as the weights of a large export are stored; (path, weights)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    weights = {"W0": rng.standard_normal((8, 16)).astype(np.float32),
+               "W1": rng.standard_normal((16, 4)).astype(np.float32), "b": rng.standard_normal(4).astype(np.float16)}
+    inits, offset = [], 0
+    with open(folder / "weights.bin", "wb") as f:
+        for name, w in weights.items():
+            if offsets_aligned:
+                pad = -offset % 4096
+                f.write(b"\0" * pad)
+                offset += pad
+            else:
+                f.write(b"\0" * 4)
+                offset += 4
+            f.write(w.tobytes())
+            t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(w.dtype), dims=list(w.shape),
+                            data_location=TensorProto.EXTERNAL)
+            for key, value in (("location", "weights.bin"), ("offset", str(offset)), ("length", str(w.nbytes))):
+                t.external_data.add(key=key, value=value)
+            offset += w.nbytes
+            inits.append(t)
+    nodes = [helper.make_node("MatMul", ["x", "W0"], ["h"]), helper.make_node("MatMul", ["h", "W1"], ["z"]),
+             helper.make_node("Cast", ["b"], ["b32"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["z", "b32"], ["y"])]
+    graph = helper.make_graph(nodes, "external", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], inits)
+    path = folder / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path, weights
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["page-aligned", "unaligned"])
+def test_external_weights_are_mapped_not_copied_and_give_onnx_runtimes_outputs(tmp_path, aligned):
+    """The weights of a model's external data are views of its mapped file, the compiled program takes them as
+    arguments (no constant holds their bytes), and the outputs are ONNX Runtime's, jitted, under a caller's
+    jax.jit and op by op; load_model still returns the data inside the ModelProto."""
+    import jax
+    import numpy as np
+    import onnx
+    import onnxruntime
+
+    import optkit.onnx
+
+    path, weights = _external_model(tmp_path, aligned)
+    x = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
+    (want,) = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    rep = optkit.onnx.prepare(str(path))
+    for name, w in weights.items():
+        value = rep.graph.initializers[name]
+        assert isinstance(value.base, np.memmap) or isinstance(value, np.memmap), name
+        assert not value.flags.writeable and value.dtype == w.dtype
+        np.testing.assert_array_equal(value, w)
+    (got,) = rep.run([x])
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    (traced,) = jax.jit(lambda v: rep.run([v], as_numpy=False))(x)
+    np.testing.assert_allclose(np.asarray(traced), want, rtol=1e-6, atol=1e-6)
+    (eager,) = optkit.onnx.prepare(str(path), jit=False).run([x])
+    np.testing.assert_allclose(eager, want, rtol=1e-6, atol=1e-6)
+    hlo = rep._functions[next(iter(rep._functions))].jitted.lower(x).as_text()
+    main = next(line for line in hlo.splitlines() if "@main" in line)
+    assert all(f"tensor<{t}>" in main for t in ("8x16xf32", "16x4xf32", "4xf16")), main  # arguments
+    assert not re.search(r"constant dense<.*tensor<(8x16|16x4)xf32>", hlo)  # not constants
+    loaded = optkit.onnx.load_model(str(path))
+    assert not any(t.data_location == onnx.TensorProto.EXTERNAL for t in loaded.graph.initializer)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
@@ -118,6 +121,38 @@ def _strings_of(tensor: onnx.TensorProto, what: str) -> np.ndarray:
     return value
 
 
+# The external tensors mapped from their files while a model loads (optkit.onnx._tensors.load_external_data):
+# {external_key(tensor): read-only array}, set by mapped_tensors for the stages that decode tensors.
+_MAPPED: contextvars.ContextVar[Mapping[tuple, np.ndarray] | None] = contextvars.ContextVar("optkit_onnx_mapped",
+                                                                                            default=None)
+
+
+def external_key(tensor: onnx.TensorProto) -> tuple:
+    """What names an external tensor's bytes: its ``external_data`` entries (location, offset, length...), the
+    same in every copy of the tensor (a copy made by untying shared weights reads the same bytes)."""
+    return tuple(sorted((entry.key, entry.value) for entry in tensor.external_data))
+
+
+def is_mapped(value: Any) -> bool:
+    """True for a NumPy array that views a file mapped into memory (external data, :func:`mapped_tensors`)."""
+    while isinstance(value, np.ndarray):
+        if isinstance(value, np.memmap):
+            return True
+        value = value.base
+    return False
+
+
+@contextlib.contextmanager
+def mapped_tensors(mapped: Mapping[tuple, np.ndarray]) -> Iterator[None]:
+    """Inside: :func:`tensor_value` of an external tensor whose :func:`external_key` is in ``mapped`` returns
+    that array (a view of its file)."""
+    token = _MAPPED.set(mapped)
+    try:
+        yield
+    finally:
+        _MAPPED.reset(token)
+
+
 def tensor_value(tensor: onnx.TensorProto, what: str) -> np.ndarray:
     """A TensorProto's value as a read-only NumPy array; ``what`` names it in errors.
 
@@ -132,6 +167,9 @@ def tensor_value(tensor: onnx.TensorProto, what: str) -> np.ndarray:
       UnsupportedOpError: an element type optkit does not run.
     """
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        value = (_MAPPED.get() or {}).get(external_key(tensor))
+        if value is not None:  # mapped from the model's directory by load_external_data (checked there)
+            return value
         raise ValueError(f"{what} keeps its data in an external file that was not loaded; load the "
                          f"model with optkit.onnx.load_model (from its path, or with base_dir=)")
     if tensor.data_type == TensorProto.STRING:  # (an attribute or initializer of strings: an object array of str)
