@@ -26,6 +26,7 @@ from optkit.onnx._convert import Converted
 from optkit.onnx._feeds import Feeds, graph_function, run_dtype
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits
+from optkit.onnx._ops._values import is_mapped
 from optkit.onnx._load import load
 from optkit.onnx._lora import LoRA
 from optkit.onnx._protos import InputInfo
@@ -121,7 +122,7 @@ class OnnxFunction:
         the base weights. Under a caller's ``jax.jit`` they are then ``jax.Array`` constants, which JAX passes
         as arguments with ``jax_use_simplified_jaxpr_constants`` on, without a copy per call."""
         skip = set(self._specs) | set(self._loaded.static_initializers)
-        self._frozen = {name: jnp.asarray(value) for name, value in self._graph.initializers.items()
+        self._frozen = {name: _on_device(value) for name, value in self._graph.initializers.items()
                         if name not in skip and np.asarray(value).nbytes >= min_bytes}
 
     def __call__(self, params: Mapping[str, Any], *inputs: Any, rng: Any = None) -> Any:
@@ -188,6 +189,15 @@ class OnnxFunction:
                                 f"{'' if wanted == dtype else f' (run as {wanted})'}; cast it")
             out[name] = value
         return out
+
+
+def _on_device(value: np.ndarray) -> jax.Array:
+    """``value`` as a device array: a weight mapped from external data in its own dtype by ``jax.device_put``,
+    which on the CPU makes no copy of a page-aligned array (the device array is the mapped file); anything else
+    by ``jnp.asarray`` (a copy, in JAX's dtype)."""
+    if is_mapped(value) and jax.dtypes.canonicalize_dtype(value.dtype) == value.dtype:
+        return jax.device_put(value)
+    return jnp.asarray(value)
 
 
 def to_jax(

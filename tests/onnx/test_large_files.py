@@ -162,3 +162,34 @@ def test_external_weights_are_mapped_not_copied_and_give_onnx_runtimes_outputs(t
     assert not re.search(r"constant dense<.*tensor<(8x16|16x4)xf32>", hlo)  # not constants
     loaded = optkit.onnx.load_model(str(path))
     assert not any(t.data_location == onnx.TensorProto.EXTERNAL for t in loaded.graph.initializer)
+
+
+def test_to_jax_with_lora_feeds_the_mapped_base_without_a_copy(tmp_path):
+    """With ``lora=``, ``to_jax`` holds a frozen base weight read from external data as a device array that is
+    the mapped file itself (on the CPU: no copy), and the model starts as exported (ONNX Runtime's outputs)."""
+    import jax
+    import numpy as np
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    import optkit.onnx
+
+    w = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)  # 1 MiB: held on the device
+    (tmp_path / "w.bin").write_bytes(w.tobytes())
+    t = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[512, 512], data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "w.bin"), ("offset", "0"), ("length", str(w.nbytes))):
+        t.external_data.add(key=key, value=value)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "lora",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 512])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 512])], [t])
+    path = str(tmp_path / "model.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    apply_fn, params = optkit.onnx.to_jax(path, lora=optkit.onnx.LoRA(rank=2), lora_key=jax.random.key(0))
+    assert set(params) == {"W.lora_A", "W.lora_B"}
+    held = apply_fn._frozen["W"]
+    mapped = apply_fn._graph.initializers["W"]
+    assert held.unsafe_buffer_pointer() == mapped.ctypes.data  # the device array is the mapped file
+    x = np.random.default_rng(1).standard_normal((2, 512)).astype(np.float32)
+    (want,) = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(np.asarray(jax.jit(apply_fn)(params, x)), want, rtol=1e-5, atol=1e-4)
