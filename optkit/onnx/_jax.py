@@ -26,9 +26,9 @@ from optkit.onnx._convert import Converted
 from optkit.onnx._feeds import Feeds, graph_function, run_dtype
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits
-from optkit.onnx._ops._values import is_mapped
 from optkit.onnx._load import load
 from optkit.onnx._lora import LoRA
+from optkit.onnx._ops._values import is_mapped
 from optkit.onnx._protos import InputInfo
 from optkit.onnx._scan import layers_of
 from optkit.onnx._summary import describe
