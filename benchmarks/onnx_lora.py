@@ -3,7 +3,7 @@
 A GPT-style decoder is written with ONNX's helper (random weights, pre-LayerNorm blocks: q, k, v, o and a 4x MLP
 as MatMul weights, causal softmax attention, a tied-free LM head), saved with external data, and its 4-bit twin
 made by ONNX Runtime's ``MatMulNBitsQuantizer`` (block size 32). Each configuration runs in a fresh process and
-reports its peak resident memory (``ru_maxrss``), its first step (trace, compile, run) and the median of its next
+reports its peak resident memory (``VmHWM``), its first step (trace, compile, run) and the median of its next
 steps, on next-token cross-entropy of random token ids:
 
 - ``full``: every float initializer trained with ``optax.adamw`` (``to_jax(model)``);
@@ -11,7 +11,10 @@ steps, on next-token cross-entropy of random token ids:
   adapters; the float32 base is a constant of the program;
 - ``lora-int4``: the same on the 4-bit twin (``MatMulNBits`` weights stay packed);
 - ``... +hoisted``: the same with ``jax_use_simplified_jaxpr_constants`` on, which passes the program's large
-  constants (the frozen base) to XLA as arguments instead of embedding them in the compiled program.
+  constants (the frozen base) to XLA as arguments instead of embedding them in the compiled program;
+- ``... +remat``: the same with ``to_jax(..., remat_layers=True)``: the scanned layer's body under
+  ``jax.checkpoint``, so the backward pass computes each layer's values again (a 4-bit weight's dequantized
+  float32 copy included) instead of keeping them from the forward pass.
 
 Ratios are peak RSS over the float32 weights' bytes. Needs onnxruntime and ``onnx_ir`` (for the quantizer)::
 
@@ -92,6 +95,7 @@ def build(path: pathlib.Path, d: int, layers: int, vocab: int, seed: int = 0) ->
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [BATCH, TOKENS, vocab])],
                               inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (path.parent / (path.name + ".data")).unlink(missing_ok=True)  # onnx appends to a data file already there
     onnx.save_model(model, str(path), save_as_external_data=True, location=path.name + ".data",
                     size_threshold=1024)
     return sum(weights)
@@ -103,13 +107,13 @@ def quantize(source: pathlib.Path, target: pathlib.Path) -> None:
 
     quantizer = MatMulNBitsQuantizer(onnx.load(str(source)), block_size=32, is_symmetric=False)
     quantizer.process()
+    (target.parent / (target.name + ".data")).unlink(missing_ok=True)
     onnx.save_model(quantizer.model.model, str(target), save_as_external_data=True, location=target.name + ".data",
                     size_threshold=1024)
 
 
 def step_run(path: str, mode: str, steps: int) -> dict:
     """In this process: ``steps`` training steps of ``mode``; times and peak RSS."""
-    import resource
     import time
 
     import jax
@@ -117,10 +121,12 @@ def step_run(path: str, mode: str, steps: int) -> dict:
     import optax
 
     import optkit.onnx
+    from benchmarks.memory import peak_rss
 
     start = time.perf_counter()
     if mode.startswith("lora"):
-        apply_fn, params = optkit.onnx.to_jax(path, lora=optkit.onnx.LoRA(RANK, targets=TARGETS))
+        apply_fn, params = optkit.onnx.to_jax(path, lora=optkit.onnx.LoRA(RANK, targets=TARGETS),
+                                              remat_layers=mode.endswith("+remat"))
     else:
         apply_fn, params = optkit.onnx.to_jax(path)
     loaded = time.perf_counter() - start
@@ -146,7 +152,10 @@ def step_run(path: str, mode: str, steps: int) -> dict:
         times.append(time.perf_counter() - t)
     return {"mode": mode, "load_s": loaded, "first_step_s": times[0], "step_s": float(np.median(times[1:])),
             "losses": losses, "trained_bytes": int(sum(v.nbytes for v in params.values())),
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+            # VmHWM, which starts again at exec: ru_maxrss of a child started by subprocess would begin at its
+            # parent's size when it forked (the parent holds the models it wrote: 4.5 GiB at 350M).
+            "peak_rss_bytes": peak_rss()}
+
 
 
 def main(argv=None) -> None:
@@ -174,20 +183,22 @@ def main(argv=None) -> None:
         print("| configuration | peak RSS | / float32 weights | first step | step | trained bytes | "
               "loss first -> last |")
         print("|---|---:|---:|---:|---:|---:|---|")
-        runs = [("full", f32, False), ("lora", f32, False), ("lora", f32, True), ("lora-int4", int4, False),
-                ("lora-int4", int4, True)]
+        runs = [("full", f32, False), ("lora", f32, False), ("lora", f32, True), ("lora +remat", f32, True),
+                ("lora-int4", int4, False), ("lora-int4", int4, True), ("lora-int4 +remat", int4, True)]
         for mode, path, hoisted in runs:
-            if args.only and f"{mode}{' +hoisted' if hoisted else ''}" not in args.only:
+            label = mode.replace(" +remat", " +hoisted +remat") if hoisted and "remat" in mode else (
+                f"{mode}{' +hoisted' if hoisted else ''}")
+            if args.only and label not in args.only:
                 continue
             env = {**os.environ, "JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS": "1" if hoisted else "0"}
             out = subprocess.run([sys.executable, "-m", "benchmarks.onnx_lora", "--steps", str(args.steps),
                                   "--worker", str(path), mode], env=env, capture_output=True, text=True)
             if out.returncode:
                 why = out.stderr.strip().splitlines()[-1][:120]
-                print(f"| {mode}{' +hoisted' if hoisted else ''} | failed: {why} |")
+                print(f"| {label} | failed: {why} |")
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"| {mode}{' +hoisted' if hoisted else ''} | {r['peak_rss_bytes'] / 2**30:.2f} GiB | "
+            print(f"| {label} | {r['peak_rss_bytes'] / 2**30:.2f} GiB | "
                   f"{r['peak_rss_bytes'] / weights:.2f}x | {r['first_step_s']:.1f} s | {r['step_s']:.2f} s | "
                   f"{r['trained_bytes'] / 2**20:.1f} MiB | {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f} |",
                   flush=True)
