@@ -361,6 +361,12 @@ def _same_shapes(run: Run, env: Mapping[str, Any]) -> list[tuple[int, int]]:
     return cuts
 
 
+def stacked_name(names: Sequence[str]) -> str:
+    """The feed name under which a runner gives the tensors ``names`` (one per block of a run) already stacked:
+    :func:`evaluate` reads it instead of stacking them (not a name an ONNX graph can hold: it starts with NUL)."""
+    return "\x00stacked\x00" + "\x00".join(names)
+
+
 def _equal_constants(values: list) -> bool:
     first = values[0]
     return all(isinstance(v, np.ndarray) for v in values) and all(
@@ -375,6 +381,11 @@ def _scanned(run: Run, env: Mapping[str, Any], remat: bool) -> dict[str, Any]:
     stacked: list[Any] = []
     stacked_index: dict[int, int] = {}
     for x, names in enumerate(run.layer_names):
+        ready = env.get(stacked_name(names))
+        if ready is not None:  # stacked once by the runner (a frozen base: to_jax(..., lora=))
+            stacked_index[x] = len(stacked)
+            stacked.append(ready)
+            continue
         values = [env[name] for name in names]
         if _equal_constants(values):
             invariant[x] = values[0]

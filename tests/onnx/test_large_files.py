@@ -194,3 +194,61 @@ def test_to_jax_with_lora_feeds_the_mapped_base_without_a_copy(tmp_path):
     x = np.random.default_rng(1).standard_normal((2, 512)).astype(np.float32)
     (want,) = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_allclose(np.asarray(jax.jit(apply_fn)(params, x)), want, rtol=1e-5, atol=1e-4)
+
+
+def test_a_scanned_runs_frozen_base_is_stacked_once_and_trains_as_the_unrolled_one(tmp_path):
+    """``to_jax(..., lora=, scan_layers=True)`` on three identical layers whose 1 MiB weights are in external data:
+    the frozen base is stacked once, on the device (fed to the scan, not stacked at every call); outputs are
+    ONNX Runtime's and the adapters' gradients the unrolled model's."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    import optkit.onnx
+
+    rng = np.random.default_rng(0)
+    inits, nodes, x = [], [], "x"
+    with open(tmp_path / "w.bin", "wb") as f:
+        for k in range(3):
+            w = (rng.standard_normal((512, 512)) / 16).astype(np.float32)
+            t = TensorProto(name=f"W{k}", data_type=TensorProto.FLOAT, dims=[512, 512],
+                            data_location=TensorProto.EXTERNAL)
+            for key, value in (("location", "w.bin"), ("offset", str(k * w.nbytes)), ("length", str(w.nbytes))):
+                t.external_data.add(key=key, value=value)
+            f.write(w.tobytes())
+            inits.append(t)
+            p = f"l{k}/"  # eight nodes a block, as the scan looks for (a transformer layer has dozens)
+            nodes += [helper.make_node("MatMul", [x, f"W{k}"], [p + "m"], name=p + "MatMul"),
+                      helper.make_node("Tanh", [p + "m"], [p + "t"], name=p + "Tanh"),
+                      helper.make_node("Add", [p + "t", x], [p + "r"], name=p + "Residual"),
+                      helper.make_node("Sigmoid", [p + "r"], [p + "s"], name=p + "Sigmoid"),
+                      helper.make_node("Mul", [p + "r", p + "s"], [p + "g"], name=p + "Swish"),
+                      helper.make_node("Neg", [p + "g"], [p + "n"], name=p + "Neg"),
+                      helper.make_node("Relu", [p + "n"], [p + "u"], name=p + "Relu"),
+                      helper.make_node("Sub", [p + "g", p + "u"], [f"h{k}"], name=p + "Sub")]
+            x = f"h{k}"
+    graph = helper.make_graph(nodes, "stack", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 512])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [2, 512])], inits)
+    path = str(tmp_path / "model.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    lora = optkit.onnx.LoRA(rank=2)
+    scanned, params = optkit.onnx.to_jax(path, lora=lora, lora_key=jax.random.key(0), scan_layers=True)
+    unrolled, same = optkit.onnx.to_jax(path, lora=lora, lora_key=jax.random.key(0), scan_layers=False)
+    assert [k.startswith("\x00stacked") for k in scanned._frozen] == [True]
+    assert scanned._frozen[next(iter(scanned._frozen))].shape == (3, 512, 512)
+    assert set(unrolled._frozen) == {"W0", "W1", "W2"}
+    data = rng.standard_normal((2, 512)).astype(np.float32)
+    (want,) = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": data})
+    np.testing.assert_allclose(np.asarray(jax.jit(scanned)(params, data)), want, rtol=1e-5, atol=1e-5)
+    params = {k: v + 0.01 * (i + 1) for i, (k, v) in enumerate(sorted(params.items()))}  # B off zero: a real term
+
+    def loss(fn):
+        return jax.jit(jax.grad(lambda p: jnp.sum(fn(p, data) ** 2)))
+
+    got, ref = loss(scanned)(params), loss(unrolled)(params)
+    for name in params:
+        np.testing.assert_allclose(np.asarray(got[name]), np.asarray(ref[name]), rtol=1e-4, atol=1e-6,
+                                   err_msg=name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import mmap
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -140,6 +141,23 @@ def is_mapped(value: Any) -> bool:
             return True
         value = value.base
     return False
+
+
+def release_pages(value: Any) -> None:
+    """Give back the resident pages of an array mapped from external data (``madvise(MADV_DONTNEED)`` on the
+    whole pages it covers: they are read from the file again if it is read), once a copy of it is what runs.
+    Anything else, or a system without ``madvise``, is left as it is."""
+    root = value
+    while isinstance(root, np.ndarray) and isinstance(root.base, np.ndarray):
+        root = root.base
+    handle = getattr(root, "base", None)  # the memmap that made the map holds the mmap itself
+    if not (isinstance(root, np.memmap) and isinstance(handle, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED")):
+        return
+    page = mmap.PAGESIZE  # (the map starts at the memmap's offset rounded down to the allocation granularity)
+    start = value.ctypes.data - root.ctypes.data + root.offset % mmap.ALLOCATIONGRANULARITY
+    begin, end = -(-start // page) * page, (start + value.nbytes) // page * page
+    if end > begin:
+        handle.madvise(mmap.MADV_DONTNEED, begin, end - begin)
 
 
 @contextlib.contextmanager
