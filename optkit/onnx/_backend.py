@@ -24,7 +24,7 @@ from optkit import Graph
 from optkit.onnx._analysis import Facts
 from optkit.onnx._convert import Converted
 from optkit.onnx._errors import ValueDependentError
-from optkit.onnx._feeds import Feeds, graph_function, static_key
+from optkit.onnx._feeds import Feeds, graph_function, stack_once, static_key
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits, jax_device
 from optkit.onnx._load import load
@@ -136,8 +136,11 @@ class BackendRep(onnx.backend.base.BackendRep):
         # The weights mapped from external data, given to the compiled program as arguments: as constants, XLA
         # would copy their bytes into the program. On the CPU the device array is the mapped file itself (a
         # page-aligned view: jax.device_put makes no copy).
-        self._held = {name: jax.device_put(value, device) for name, value in self.graph.initializers.items()
-                      if self._jit and is_mapped(value) and name not in loaded.static_initializers}
+        held = {name: value for name, value in self.graph.initializers.items()
+                if self._jit and is_mapped(value) and name not in loaded.static_initializers}
+        # A scanned run's per-layer weights stacked once, not inside the program at every call.
+        stacked = stack_once(held, self._layers, lambda value: jax.device_put(value, device))
+        self._held = {**{name: jax.device_put(value, device) for name, value in held.items()}, **stacked}
 
     # -------------------------------------------------------------- running
 

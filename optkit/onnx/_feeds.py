@@ -21,16 +21,18 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
 from optkit import Graph
 from optkit._src.graph.names import shape_text
-from optkit.onnx._ops._values import STRING, is_string, string_array
+from optkit.onnx._ops._values import STRING, is_string, release_pages, string_array
+from optkit.onnx._scan import stacked_name
 from optkit.onnx._tracing import tracing
 
 _log = logging.getLogger("optkit.onnx")
@@ -334,6 +336,23 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
         logged.jitted = _WithHeld(program, kept_values) if kept else program  # type: ignore[attr-defined]
         fn = cache[key] = logged
     return fn
+
+
+def stack_once(held: dict[str, Any], layers: Any, put: Callable[[Any], Any]) -> dict[str, Any]:
+    """The per-layer tensors of the runs of ``layers`` (:class:`optkit.onnx._scan.Layers`) that are all in
+    ``held`` (same dtype and shape), stacked once by ``put`` (each to the device) and ``jnp.stack``, under
+    :func:`~optkit.onnx._scan.stacked_name`; their names are taken out of ``held``, and the pages of those mapped
+    from external data are given back as each is stacked. A runner feeds them instead of stacking them at every
+    call (a copy of every layer's weights per step)."""
+    stacked: dict[str, Any] = {}
+    for run in layers.runs if layers else ():
+        for names in run.layer_names:
+            if all(name in held for name in names) and len({(np.dtype(held[n].dtype), np.shape(held[n]))
+                                                            for n in names}) == 1:
+                stacked[stacked_name(names)] = jnp.stack([put(held[name]) for name in names])
+                for name in names:
+                    release_pages(held.pop(name))
+    return stacked
 
 
 class _WithHeld:

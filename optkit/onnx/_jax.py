@@ -23,14 +23,14 @@ import numpy as np
 import onnx
 
 from optkit.onnx._convert import Converted
-from optkit.onnx._feeds import Feeds, graph_function, run_dtype
+from optkit.onnx._feeds import Feeds, graph_function, run_dtype, stack_once
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits
 from optkit.onnx._load import load
 from optkit.onnx._lora import LoRA
-from optkit.onnx._ops._values import is_mapped, release_pages
+from optkit.onnx._ops._values import is_mapped
 from optkit.onnx._protos import InputInfo
-from optkit.onnx._scan import layers_of, stacked_name
+from optkit.onnx._scan import layers_of
 from optkit.onnx._summary import describe
 from optkit.onnx._tracing import as_key
 from optkit.onnx._training_model import select_trainable
@@ -124,16 +124,8 @@ class OnnxFunction:
         skip = set(self._specs) | set(self._loaded.static_initializers)
         held = {name: value for name, value in self._graph.initializers.items()
                 if name not in skip and np.asarray(value).nbytes >= min_bytes}
-        # The per-layer weights of a scanned run, stacked once here instead of at every call (a copy of the whole
-        # base per step); a stacked weight mapped from external data gives its file's pages back as it goes.
-        stacked: dict[str, jax.Array] = {}
-        for run in self._layers.runs if self._layers else ():
-            for names in run.layer_names:
-                if all(name in held for name in names) and len({held[n].dtype for n in names}) == 1 and len(
-                        {np.shape(held[n]) for n in names}) == 1:
-                    stacked[stacked_name(names)] = jnp.stack([_on_device(held[name]) for name in names])
-                    for name in names:
-                        release_pages(held.pop(name))
+        # The per-layer weights of a scanned run, stacked once here instead of at every call.
+        stacked = stack_once(held, self._layers, _on_device)
         self._frozen = {**{name: _on_device(value) for name, value in held.items()}, **stacked}
 
     def __call__(self, params: Mapping[str, Any], *inputs: Any, rng: Any = None) -> Any:

@@ -198,8 +198,8 @@ def test_to_jax_with_lora_feeds_the_mapped_base_without_a_copy(tmp_path):
 
 def test_a_scanned_runs_frozen_base_is_stacked_once_and_trains_as_the_unrolled_one(tmp_path):
     """``to_jax(..., lora=, scan_layers=True)`` on three identical layers whose 1 MiB weights are in external data:
-    the frozen base is stacked once, on the device (fed to the scan, not stacked at every call); outputs are
-    ONNX Runtime's and the adapters' gradients the unrolled model's."""
+    the frozen base is stacked once, on the device (fed to the scan, not stacked at every call), as ``prepare``
+    stacks them; outputs are ONNX Runtime's and the adapters' gradients the unrolled model's."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -243,6 +243,9 @@ def test_a_scanned_runs_frozen_base_is_stacked_once_and_trains_as_the_unrolled_o
     data = rng.standard_normal((2, 512)).astype(np.float32)
     (want,) = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": data})
     np.testing.assert_allclose(np.asarray(jax.jit(scanned)(params, data)), want, rtol=1e-5, atol=1e-5)
+    rep = optkit.onnx.prepare(path, scan_layers=True)  # prepare stacks the mapped weights once too
+    assert [k.startswith("\x00stacked") for k in rep._held] == [True]
+    np.testing.assert_allclose(rep.run([data])[0], want, rtol=1e-5, atol=1e-5)
     params = {k: v + 0.01 * (i + 1) for i, (k, v) in enumerate(sorted(params.items()))}  # B off zero: a real term
 
     def loss(fn):
