@@ -253,5 +253,6 @@ def test_a_scanned_runs_frozen_base_is_stacked_once_and_trains_as_the_unrolled_o
 
     got, ref = loss(scanned)(params), loss(unrolled)(params)
     for name in params:
-        np.testing.assert_allclose(np.asarray(got[name]), np.asarray(ref[name]), rtol=1e-4, atol=1e-6,
+        scale = float(np.max(np.abs(np.asarray(ref[name]))))  # float32 sums in another order: a few ulps of it
+        np.testing.assert_allclose(np.asarray(got[name]), np.asarray(ref[name]), rtol=1e-4, atol=1e-5 * scale,
                                    err_msg=name)
