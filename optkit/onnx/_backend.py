@@ -24,12 +24,11 @@ from optkit import Graph
 from optkit.onnx._analysis import Facts
 from optkit.onnx._convert import Converted
 from optkit.onnx._errors import ValueDependentError
-from optkit.onnx._feeds import Feeds, graph_function, stack_once, static_key
+from optkit.onnx._feeds import Feeds, graph_function, holdable, on_device, stack_once, static_key
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits, jax_device
 from optkit.onnx._load import load
 from optkit.onnx._ops._common import on_cpu
-from optkit.onnx._ops._values import is_mapped
 from optkit.onnx._protos import InputInfo, node_model
 from optkit.onnx._scan import layers_of
 from optkit.onnx._segments import SegmentedRun
@@ -137,10 +136,10 @@ class BackendRep(onnx.backend.base.BackendRep):
         # would copy their bytes into the program. On the CPU the device array is the mapped file itself (a
         # page-aligned view: jax.device_put makes no copy).
         held = {name: value for name, value in self.graph.initializers.items()
-                if self._jit and is_mapped(value) and name not in loaded.static_initializers}
+                if self._jit and holdable(value) and name not in loaded.static_initializers}
         # A scanned run's per-layer weights stacked once, not inside the program at every call.
-        stacked = stack_once(held, self._layers, lambda value: jax.device_put(value, device))
-        self._held = {**{name: jax.device_put(value, device) for name, value in held.items()}, **stacked}
+        stacked = stack_once(held, self._layers, lambda value: on_device(value, device))
+        self._held = {**{name: on_device(value, device) for name, value in held.items()}, **stacked}
 
     # -------------------------------------------------------------- running
 

@@ -31,7 +31,7 @@ from jax.experimental import checkify
 
 from optkit import Graph
 from optkit._src.graph.names import shape_text
-from optkit.onnx._ops._values import STRING, is_string, release_pages, string_array
+from optkit.onnx._ops._values import STRING, is_mapped, is_string, release_pages, string_array
 from optkit.onnx._scan import stacked_name
 from optkit.onnx._tracing import tracing
 
@@ -336,6 +336,20 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
         logged.jitted = _WithHeld(program, kept_values) if kept else program  # type: ignore[attr-defined]
         fn = cache[key] = logged
     return fn
+
+
+def on_device(value: np.ndarray, device: Any = None) -> jax.Array:
+    """``value`` as a device array: a weight mapped from external data, in a dtype JAX keeps (not 64-bit with x64
+    off), by ``jax.device_put``, which on the CPU makes no copy of a page-aligned array (the device array is the
+    mapped file); anything else by ``jnp.asarray`` (a copy, in JAX's dtype)."""
+    if holdable(value):
+        return jax.device_put(value, device)
+    return jax.device_put(jnp.asarray(value), device) if device is not None else jnp.asarray(value)
+
+
+def holdable(value: Any) -> bool:
+    """A value mapped from external data whose dtype JAX keeps as it is: :func:`on_device` aliases it."""
+    return is_mapped(value) and jax.dtypes.canonicalize_dtype(value.dtype) == value.dtype
 
 
 def stack_once(held: dict[str, Any], layers: Any, put: Callable[[Any], Any]) -> dict[str, Any]:

@@ -23,12 +23,11 @@ import numpy as np
 import onnx
 
 from optkit.onnx._convert import Converted
-from optkit.onnx._feeds import Feeds, graph_function, run_dtype, stack_once
+from optkit.onnx._feeds import Feeds, graph_function, on_device, run_dtype, stack_once
 from optkit.onnx._files import ModelSource
 from optkit.onnx._limits import Limits
 from optkit.onnx._load import load
 from optkit.onnx._lora import LoRA
-from optkit.onnx._ops._values import is_mapped
 from optkit.onnx._protos import InputInfo
 from optkit.onnx._scan import layers_of
 from optkit.onnx._summary import describe
@@ -125,8 +124,8 @@ class OnnxFunction:
         held = {name: value for name, value in self._graph.initializers.items()
                 if name not in skip and np.asarray(value).nbytes >= min_bytes}
         # The per-layer weights of a scanned run, stacked once here instead of at every call.
-        stacked = stack_once(held, self._layers, _on_device)
-        self._frozen = {**{name: _on_device(value) for name, value in held.items()}, **stacked}
+        stacked = stack_once(held, self._layers, on_device)
+        self._frozen = {**{name: on_device(value) for name, value in held.items()}, **stacked}
 
     def __call__(self, params: Mapping[str, Any], *inputs: Any, rng: Any = None) -> Any:
         """Run the model: ``params``, the inputs (positionally or one mapping by name) and, for training-mode
@@ -192,15 +191,6 @@ class OnnxFunction:
                                 f"{'' if wanted == dtype else f' (run as {wanted})'}; cast it")
             out[name] = value
         return out
-
-
-def _on_device(value: np.ndarray) -> jax.Array:
-    """``value`` as a device array: a weight mapped from external data in its own dtype by ``jax.device_put``,
-    which on the CPU makes no copy of a page-aligned array (the device array is the mapped file); anything else
-    by ``jnp.asarray`` (a copy, in JAX's dtype)."""
-    if is_mapped(value) and jax.dtypes.canonicalize_dtype(value.dtype) == value.dtype:
-        return jax.device_put(value)
-    return jnp.asarray(value)
 
 
 def to_jax(
