@@ -20,6 +20,7 @@ Ratios are peak RSS over the float32 weights' bytes. Needs onnxruntime and ``onn
 
     python -m benchmarks.onnx_lora                 # --size small: d 256, 4 layers (about a minute)
     python -m benchmarks.onnx_lora --size 350m     # d 1024, 24 layers, 368M parameters (several minutes)
+    python -m benchmarks.onnx_lora --size 350m --only none --infer   # prepare(path).run of both files only
 """
 
 from __future__ import annotations
@@ -112,6 +113,23 @@ def quantize(source: pathlib.Path, target: pathlib.Path) -> None:
                     size_threshold=1024)
 
 
+def infer_run(path: str) -> dict:
+    """In this process: ``prepare(path)`` and its first run on a batch; times and peak RSS (``VmHWM``)."""
+    import time
+
+    import optkit.onnx
+    from benchmarks.memory import peak_rss
+
+    start = time.perf_counter()
+    rep = optkit.onnx.prepare(path)
+    loaded, load_peak = time.perf_counter() - start, peak_rss()
+    ids = np.random.default_rng(1).integers(0, 1000, (BATCH, TOKENS)).astype(np.int64)
+    start = time.perf_counter()
+    rep.run([ids])
+    return {"load_s": loaded, "load_peak_bytes": load_peak, "first_run_s": time.perf_counter() - start,
+            "peak_rss_bytes": peak_rss()}
+
+
 def step_run(path: str, mode: str, steps: int) -> dict:
     """In this process: ``steps`` training steps of ``mode``; times and peak RSS."""
     import time
@@ -164,17 +182,20 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps per configuration (the first compiles)")
     parser.add_argument("--dir", help="where to write the models (default: a temporary directory)")
     parser.add_argument("--only", nargs="+", help="configurations to run (default all), e.g. full 'lora +hoisted'")
+    parser.add_argument("--infer", action="store_true",
+                        help="also load and run the float32 and int4 files with prepare (peak memory, times)")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(step_run(args.worker[0], args.worker[1], args.steps)))
+        result = infer_run(args.worker[0]) if args.worker[1] == "infer" else step_run(*args.worker, args.steps)
+        print(json.dumps(result))
         return
     with tempfile.TemporaryDirectory() as tmp:
         where = pathlib.Path(args.dir or tmp)
         where.mkdir(parents=True, exist_ok=True)
         f32, int4 = where / "decoder.onnx", where / "decoder_int4.onnx"
         weights = build(f32, **SIZES[args.size])
-        if not args.only or any("int4" in o for o in args.only):
+        if not args.only or args.infer or any("int4" in o for o in args.only):
             quantize(f32, int4)
         config = SIZES[args.size]
         print(f"decoder d={config['d']}, {config['layers']} layers, vocab {config['vocab']}: float32 weights "
@@ -202,6 +223,18 @@ def main(argv=None) -> None:
                   f"{r['peak_rss_bytes'] / weights:.2f}x | {r['first_step_s']:.1f} s | {r['step_s']:.2f} s | "
                   f"{r['trained_bytes'] / 2**20:.1f} MiB | {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f} |",
                   flush=True)
+        if args.infer:
+            print("\n| inference (`prepare(path).run`) | load | peak after load | first run | peak |")
+            print("|---|---:|---:|---:|---:|")
+            for name, path in (("float32", f32), ("int4", int4)):
+                out = subprocess.run([sys.executable, "-m", "benchmarks.onnx_lora", "--worker", str(path), "infer"],
+                                     capture_output=True, text=True)
+                if out.returncode:
+                    print(f"| {name} | failed: {out.stderr.strip().splitlines()[-1][:120]} |")
+                    continue
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                print(f"| {name} | {r['load_s']:.1f} s | {r['load_peak_bytes'] / 2**30:.2f} GiB | "
+                      f"{r['first_run_s']:.1f} s | {r['peak_rss_bytes'] / 2**30:.2f} GiB |", flush=True)
 
 
 if __name__ == "__main__":
