@@ -19,7 +19,6 @@ the machine's cores. Needs torch, torchvision and transformers (not optkit depen
     python -m benchmarks.onnx_speed --models mobilenet_v3_small --repeats 3
     python -m benchmarks.onnx_speed --overhead              # BackendRep.run's per-call overhead (no torch)
     python -m benchmarks.onnx_speed --cache                 # and the first step of a second process (cache)
-    python -m benchmarks.onnx_speed --reverse-mode-only     # optkit's training step via to_jax(reverse_mode_only=True)
     python -m benchmarks.onnx_speed --hugepages             # rerun under GLIBC_TUNABLES=glibc.malloc.hugetlb=1
     python -m benchmarks.onnx_speed --small                 # inference at 1 x 32 x 32 and 2 x 64 x 64, 1 and 2 threads
     python -m benchmarks.onnx_speed --depth                 # transformers at 2-24 layers, scan_layers on and off
@@ -123,8 +122,7 @@ def torch_steps(module, x, repeats: int) -> tuple:
     return target, first, _median_time(torch_step, repeats)
 
 
-def measure(name: str, batch: int, repeats: int, threads: int, cache: bool = False,
-            reverse_mode_only: bool = False) -> dict:
+def measure(name: str, batch: int, repeats: int, threads: int, cache: bool = False) -> dict:
     import jax
     import jax.numpy as jnp
     import onnx
@@ -161,7 +159,7 @@ def measure(name: str, batch: int, repeats: int, threads: int, cache: bool = Fal
 
     # Training: optkit (the exported model as a JAX function).
     start = time.perf_counter()
-    apply_fn, params = optkit.onnx.to_jax(model, reverse_mode_only=reverse_mode_only)
+    apply_fn, params = optkit.onnx.to_jax(model)
     tx = optkit.adam(1e-4)
     y = jnp.asarray(target.detach().numpy())
 
@@ -187,7 +185,7 @@ def measure(name: str, batch: int, repeats: int, threads: int, cache: bool = Fal
     if cache:
         del carry, step
         row["cold_process_s"], row["cached_process_s"], row["imports_s"] = cached_first_step(
-            buffer.getvalue(), feed, target.detach().numpy(), reverse_mode_only)
+            buffer.getvalue(), feed, target.detach().numpy())
         row["cached_ratio"] = row["cached_process_s"] / row["torch_first_step_s"]
     return row
 
@@ -204,7 +202,7 @@ jax.config.update("jax_compilation_cache_dir", sys.argv[1])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 imported = time.perf_counter()
 data = np.load(sys.argv[1] + "/data.npz")
-apply_fn, params = optkit.onnx.to_jax(onnx.load(sys.argv[1] + "/model.onnx"), reverse_mode_only=sys.argv[2] == "1")
+apply_fn, params = optkit.onnx.to_jax(onnx.load(sys.argv[1] + "/model.onnx"))
 tx, y = optkit.adam(1e-4), jnp.asarray(data["target"])
 
 def step(p, state, inputs):
@@ -218,8 +216,7 @@ print(time.perf_counter() - imported, imported - start)
 """
 
 
-def cached_first_step(model_bytes: bytes, feed: np.ndarray, target: np.ndarray,
-                      reverse_mode_only: bool = False) -> tuple[float, float, float]:
+def cached_first_step(model_bytes: bytes, feed: np.ndarray, target: np.ndarray) -> tuple[float, float, float]:
     """``(first process's first step, second process's first step, second process's imports)`` in seconds, each
     in a fresh Python process sharing one new persistent compilation cache; the steps are timed from after the
     imports (as the torch column, which imports nothing), which are reported on their own."""
@@ -232,7 +229,7 @@ def cached_first_step(model_bytes: bytes, feed: np.ndarray, target: np.ndarray,
         np.savez(pathlib.Path(folder, "data.npz"), input=feed, target=target)
         times = []
         for _ in range(2):
-            out = subprocess.run([sys.executable, "-c", _CACHED_STEP, folder, str(int(reverse_mode_only))],
+            out = subprocess.run([sys.executable, "-c", _CACHED_STEP, folder],
                                  capture_output=True, text=True, check=True)
             times.append([float(v) for v in out.stdout.split()[-2:]])
     return times[0][0], times[1][0], times[1][1]
@@ -333,8 +330,6 @@ def main(argv=None) -> None:
     parser.add_argument("--overhead", action="store_true", help="only BackendRep.run's per-call overhead")
     parser.add_argument("--cache", action="store_true",
                         help="also the first step of a second process that reads JAX's persistent compilation cache")
-    parser.add_argument("--reverse-mode-only", action="store_true",
-                        help="optkit's training step through to_jax(model, reverse_mode_only=True)")
     parser.add_argument("--hugepages", action="store_true",
                         help=f"rerun in a process started with GLIBC_TUNABLES={HUGEPAGES} (large allocations on "
                              "transparent huge pages)")
@@ -370,13 +365,13 @@ def main(argv=None) -> None:
               f"(as_numpy=False); the compiled function called directly: {r['direct_us']:.1f} us")
         return
     print(f"batch {args.batch}, {args.threads} threads for ONNX Runtime and torch, medians of {args.repeats} runs, "
-          f"GLIBC_TUNABLES={tunables or '(unset)'}, to_jax(reverse_mode_only={args.reverse_mode_only})")
+          f"GLIBC_TUNABLES={tunables or '(unset)'}")
     cached = " second process's first step (cache) / torch's first step |" if args.cache else ""
     print("| model | inference optkit / ORT | training step optkit / torch (Adam) | "
           "first training step optkit / torch |" + cached)
     print("|---|---|---|---|" + ("---|" if args.cache else ""))
     for name in args.models:
-        r = measure(name, args.batch, args.repeats, args.threads, args.cache, args.reverse_mode_only)
+        r = measure(name, args.batch, args.repeats, args.threads, args.cache)
         extra = (f" {r['cached_ratio']:.1f}x ({r['cached_process_s']:.2f} s vs {r['torch_first_step_s']:.2f} s; "
                  f"first process {r['cold_process_s']:.1f} s, imports {r['imports_s']:.1f} s) |") if args.cache else ""
         print(f"| {name} | {r['inference_ratio']:.2f}x ({r['optkit_inference_s'] * 1e3:.0f} ms vs "

@@ -202,12 +202,9 @@ class BackendRep(onnx.backend.base.BackendRep):
             segmented = self._segmented.get(segmented_key)
             if segmented is not None:
                 return self._outputs(segmented.run(feeds), as_numpy)
-            # Concrete feeds: nothing outside differentiates this run, and the Gradient nodes inside differentiate
-            # in reverse mode (depthwise convolutions take their reverse-mode derivative: mobilenet_v3_small's
-            # training graph compiles in 8 s instead of 21 s).
             fn = graph_function(self._functions, self.graph, self.outputs, static, dynamic, jit=self._jit,
                                 donate=donated, options=None if traced else self._options, checks=self._checks,
-                                reverse_only=not traced, layers=self._layers, held=self._held)
+                                layers=self._layers, held=self._held)
             if not self._jit:
                 # Op by op, NumPy values would be folded as constants: make them JAX arrays.
                 values = jax.tree.map(jnp.asarray, values)

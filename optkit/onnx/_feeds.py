@@ -233,22 +233,21 @@ class Feeds:
 
 def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], static: dict[str, np.ndarray],
                    dynamic: tuple[str, ...], *, jit: bool = True, donate: tuple[int, ...] = (),
-                   options: dict[str, Any] | None = None, reverse_only: bool = False, checks: bool = False,
-                   rng: bool = False, layers: Any = None, held: Mapping[str, Any] | None = None):
+                   options: dict[str, Any] | None = None, checks: bool = False, rng: bool = False,
+                   layers: Any = None, held: Mapping[str, Any] | None = None):
     """``f(*values)`` -> the ``outputs`` of ``graph`` fed ``dynamic`` names positionally and ``static`` values as
     constants (the feeds checked by :class:`Feeds`), jitted with the ``donate`` positions donated and the XLA
-    ``options``, traced for reverse-mode differentiation only if ``reverse_only`` (``to_jax``'s
-    ``reverse_mode_only``) and with index checks if ``checks`` (``jax.experimental.checkify``: a compiled
-    function raises the first failed check after running; op by op, ``jit=False``, the checks are left to a
-    caller's ``checkify.checkify``); made once per ``dynamic`` names, ``donate``, ``options``,
-    ``reverse_only``, ``checks``, the caller's 64-bit setting and ``static`` values, kept in ``cache``. With
-    ``rng``, ``f(key, *values)``: the random operators draw from the typed ``key`` (:func:`random_key`).
+    ``options``, and with index checks if ``checks`` (``jax.experimental.checkify``: a compiled function raises
+    the first failed check after running; op by op, ``jit=False``, the checks are left to a caller's
+    ``checkify.checkify``); made once per ``dynamic`` names, ``donate``, ``options``, ``checks``, the caller's
+    64-bit setting and ``static`` values, kept in ``cache``. With ``rng``, ``f(key, *values)``: the random
+    operators draw from the typed ``key`` (:func:`random_key`).
     Each call that compiles (the first, new input shapes or dtypes, new static values) is logged at INFO on the
     ``optkit.onnx`` logger with its cause and its time. ``layers`` (:class:`optkit.onnx._scan.Layers`, when
     true) runs the graph's repeated blocks as scans. ``held`` (``{initializer: array}``, compiled only): initializers
     given to the compiled program as arguments after ``values`` instead of as constants (the weights mapped from
     external data, whose bytes a constant would copy into the program)."""
-    key = (dynamic, donate, tuple(sorted((options or {}).items())), reverse_only, checks, rng,
+    key = (dynamic, donate, tuple(sorted((options or {}).items())), checks, rng,
            bool(jax.config.jax_enable_x64),
            static_key(static))
     fn = cache.get(key)
@@ -268,7 +267,7 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
                 feeds.update(zip(kept, given))
             feeds.update(static)
             start = time.perf_counter()
-            with tracing(reverse_only=reverse_only, checks=checks, key=drawn):
+            with tracing(checks=checks, key=drawn):
                 result = (layers.evaluate(graph, feeds, outputs) if layers
                           else graph.evaluate(feeds, outputs, check_feeds=False))
             if jit:

@@ -95,7 +95,7 @@ class OnnxFunction:
     """
 
     def __init__(self, loaded: Converted, param_specs: Mapping[str, tuple[tuple[int, ...], np.dtype]],
-                 outputs: tuple[str, ...], single: bool, reverse_mode_only: bool = False,
+                 outputs: tuple[str, ...], single: bool,
                  checks: bool = False, scan_layers: bool | None = None, remat_layers: bool = False) -> None:
         self.model: onnx.ModelProto | None = loaded.model
         self.inputs: tuple[InputInfo, ...] = loaded.inputs
@@ -106,7 +106,6 @@ class OnnxFunction:
         self._single = single
         self._feeds = Feeds(self.inputs, loaded.static_inputs, double=loaded.facts.double)
         self._functions: dict[Any, Any] = {}
-        self._reverse_only = reverse_mode_only
         self._checks = bool(checks)
         self._loaded = loaded
         self._layers = layers_of(loaded, scan_layers, remat_layers)
@@ -142,7 +141,7 @@ class OnnxFunction:
         inside = self._checks and any(isinstance(v, jax.core.Tracer) for v in values)
         run = graph_function(self._functions, self._graph, self.outputs, static,
                              (*params, *self._frozen, *dynamic),
-                             reverse_only=self._reverse_only, checks=self._checks, jit=not inside,
+                             checks=self._checks, jit=not inside,
                              rng=rng is not None, layers=self._layers)
         result = run(*values)
         return result[0] if self._single else result
@@ -203,7 +202,6 @@ def to_jax(
     max_tensor_bytes: int | None = None,
     max_gradient_depth: int | None = None,
     max_gradient_passes: int | None = None,
-    reverse_mode_only: bool = False,
     untie: bool | Sequence[str] = False,
     checks: bool = False,
     lora: LoRA | None = None,
@@ -235,15 +233,6 @@ def to_jax(
         a sequence (a tuple); default the model's outputs (the array itself
         for a model with one output).
       base_dir, max_tensor_bytes, max_gradient_depth, max_gradient_passes: as :func:`prepare`.
-      reverse_mode_only: True to differentiate ``apply_fn`` in reverse mode
-        only (``jax.grad``, ``jax.value_and_grad``, ``jax.vjp``): on CPU its large depthwise convolutions then take a
-        derivative whose weight gradient is one fused reduction over the
-        kernel's taps (MobileNetV3-Small's training step 194 -> 122 ms,
-        EfficientNet-B0's 1088 -> 794 ms, batch 8 on 2 cores; docs "Speed on
-        CPU"). Forward mode through those convolutions (``jax.jvp``,
-        ``jax.jacfwd``, ``jax.hessian``) then raises JAX's TypeError; reverse
-        over reverse (``jax.grad`` of ``jax.grad``) still works. Default
-        False: every JAX transformation works.
       untie: give each node its own copy of the initializers the exporter shared between unrelated nodes
         (torch.onnx's dynamo exporter writes one initializer for equal constants: every zero bias of a
         BERT's LayerNorms is one), which training would otherwise tie; the copies are parameters named
@@ -344,7 +333,7 @@ def to_jax(
                              f"{list(loaded.outputs)}")
     specs = {name: (tuple(np.shape(values[name])), np.asarray(values[name]).dtype) for name in names}
     params = {name: jnp.asarray(values[name], run_dtype(specs[name][1])) for name in names}
-    apply_fn = OnnxFunction(loaded, specs, tuple(chosen), single, reverse_mode_only, checks, scan_layers,
+    apply_fn = OnnxFunction(loaded, specs, tuple(chosen), single, checks, scan_layers,
                             remat_layers)
     apply_fn.lora, apply_fn.adapters = lora, loaded.adapters
     if lora is not None:

@@ -3,7 +3,7 @@
 
 ONNX writes images (N, C, D1, ...). XLA:CPU runs a convolution channels-last and, given an (N, C, H, W)
 one, moves the channels around every convolution; a depthwise convolution computed from shifted slices
-(:func:`~optkit.onnx._ops.nn._depthwise`) reads its taps across the channel planes. Here the converter
+(:func:`~optkit.onnx._ops._depthwise.shifted`) reads its taps across the channel planes. Here the converter
 holds every tensor that a run of such nodes passes along in channels-last form instead, under a name of
 its own, and adds:
 

@@ -49,8 +49,8 @@ class OnnxModule(nnx.Module):
       deterministic: no random draws (``module.eval()`` sets it, ``module.train()`` clears it).
       rng_collection: the stream of ``rngs`` drawn from.
       kwargs: ``base_dir``, ``max_tensor_bytes``, ``max_gradient_depth``,
-        ``max_gradient_passes``, as :func:`prepare`; ``reverse_mode_only``, ``scan_layers`` and
-        ``remat_layers``, as :func:`to_jax`.
+        ``max_gradient_passes``, as :func:`prepare`; ``scan_layers`` and ``remat_layers``, as
+        :func:`to_jax`.
 
     Attributes:
       params: an ``nnx.Dict`` from initializer name to ``nnx.Param`` (shape and

@@ -76,7 +76,7 @@ class _Segment:
         def run(*args):
             env = dict(static)
             env.update(zip(dynamic, args))
-            with tracing(reverse_only=True, checks=self._checks):  # concrete values: no forward mode
+            with tracing(checks=self._checks):
                 for i, node in enumerate(self.nodes):
                     try:
                         self._runner.run((node,), env)

@@ -1,9 +1,8 @@
-"""The trace-time options of a graph trace, read by the operators while the graph is traced: reverse-mode-only
-differentiation (``to_jax(..., reverse_mode_only=True)``), index checks (``checks=True``), the run's random key
-and, inside a scanned run of layers, each random node's stream number. Set by the runners
-(:func:`optkit.onnx._feeds.graph_function`, :mod:`optkit.onnx._segments`) with :func:`tracing`; read by the
-operator families (:mod:`optkit.onnx._ops`). Each is a ``contextvars.ContextVar``: a trace sees the options of the
-call that traces it, on any thread."""
+"""The trace-time options of a graph trace, read by the operators while the graph is traced: index checks
+(``checks=True``), the run's random key and, inside a scanned run of layers, each random node's stream number. Set
+by the runners (:func:`optkit.onnx._feeds.graph_function`, :mod:`optkit.onnx._segments`) with :func:`tracing`; read
+by the operator families (:mod:`optkit.onnx._ops`). Each is a ``contextvars.ContextVar``: a trace sees the options
+of the call that traces it, on any thread."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ import jax
 import numpy as np
 
 __all__ = ["as_key", "index_checks", "index_checks_active", "node_stream", "node_streams", "random_key",
-           "random_key_active", "reverse_mode_only", "reverse_mode_only_active", "tracing"]
+           "random_key_active", "tracing"]
 
 # The 64-bit types JAX narrows with 64-bit mode off (the documented dtype policy: not warned per node).
 _TRUNCATED = r"Explicitly requested dtype (int64|uint64|float64|complex128) requested in .* is not available"
@@ -33,9 +32,6 @@ def _set(option: contextvars.ContextVar, value: Any):
         option.reset(token)
 
 
-# True while a graph traced for reverse-mode differentiation only is evaluated (to_jax(..., reverse_mode_only=True)):
-# the shifted-slices depthwise convolutions then take a derivative of their own (optkit.onnx._ops.nn).
-_REVERSE_MODE_ONLY = contextvars.ContextVar("optkit_onnx_reverse_mode_only", default=False)
 # True while a graph traced with index checks is evaluated (to_jax(..., checks=True), prepare(..., checks=True)):
 # every gathered or scattered index that is out of range raises through jax.experimental.checkify.
 _INDEX_CHECKS = contextvars.ContextVar("optkit_onnx_index_checks", default=False)
@@ -77,11 +73,11 @@ def node_stream(name: str) -> Any:
 
 
 @contextlib.contextmanager
-def tracing(*, reverse_only: bool = False, checks: bool = False, key: Any = None):
-    """The trace-time options of one graph trace (:func:`reverse_mode_only`, :func:`index_checks`,
-    :func:`random_key`), and ONNX's 64-bit types run narrower with 64-bit mode off left unwarned per node (the
-    documented policy, not a surprise at every node)."""
-    with reverse_mode_only(reverse_only), index_checks(checks), random_key(key), warnings.catch_warnings():
+def tracing(*, checks: bool = False, key: Any = None):
+    """The trace-time options of one graph trace (:func:`index_checks`, :func:`random_key`), and ONNX's 64-bit
+    types run narrower with 64-bit mode off left unwarned per node (the documented policy, not a surprise at every
+    node)."""
+    with index_checks(checks), random_key(key), warnings.catch_warnings():
         warnings.filterwarnings("ignore", _TRUNCATED, UserWarning)
         yield
 
@@ -97,16 +93,6 @@ def as_key(rng: Any, what: str = "rng") -> jax.Array:
         return jax.random.wrap_key_data(rng)
     raise TypeError(f"{what} must be a jax.random key (jax.random.key(seed)) or a uint32[2] jax.random.PRNGKey, "
                     f"got {type(rng).__name__}{'' if not hasattr(rng, 'dtype') else f' of dtype {rng.dtype}'}")
-
-
-def reverse_mode_only(enabled: bool) -> contextlib.AbstractContextManager[None]:
-    """Within this block, graphs are traced for reverse-mode differentiation only (or not, if not ``enabled``)."""
-    return _set(_REVERSE_MODE_ONLY, bool(enabled))
-
-
-def reverse_mode_only_active() -> bool:
-    """Whether the graph being traced is traced for reverse-mode differentiation only."""
-    return _REVERSE_MODE_ONLY.get()
 
 
 def index_checks(enabled: bool) -> contextlib.AbstractContextManager[None]:

@@ -657,31 +657,28 @@ def _depthwise_case(attrs, multiplier, c, size):
     ({"strides": [2, 2], "pads": [2, 1, 2, 3], "kernel_shape": [5, 5]}, 1),
     ({"dilations": [2, 2], "pads": [2, 1, 2, 1]}, 2),
 ])
-def test_the_reverse_mode_only_depthwise_gradient_equals_the_analytic_one(attrs, multiplier, channels_last,
+def test_a_large_depthwise_gradient_equals_the_analytic_one_in_both_modes(attrs, multiplier, channels_last,
                                                                           monkeypatch):
-    """``to_jax(..., reverse_mode_only=True)``: the shifted-slices depthwise Conv's own derivative (one reduction
-    over the taps for W) gives XLA's grouped convolution's gradients in float64, in both layouts; forward mode
-    is refused by JAX, and stays available without the option."""
+    """The shifted-slices depthwise Conv's own derivative (one variadic reduction over the taps for W, one
+    convolution of the spread-out cotangent for X) gives XLA's grouped convolution's gradients in float64, in
+    both layouts, jitted and not; forward mode (``jax.jvp``) gives its tangent."""
     from optkit.onnx import _layout
 
     if not channels_last:
         monkeypatch.setattr(_layout, "active", lambda: False)
     x, w, model, xla = _depthwise_case(attrs, multiplier, 16, 96)
-    fast, params = optkit.onnx.to_jax(model, trainable=[], reverse_mode_only=True)
-    plain, _ = optkit.onnx.to_jax(model, trainable=[])
+    fn, params = optkit.onnx.to_jax(model, trainable=[])
     with jax.enable_x64(True):
         cot = RNG.normal(size=np.shape(xla(x, w)))
-        assert np.prod(cot.shape) >= 2**16  # the shifted-slices path
+        assert np.prod(cot.shape) >= 2**16  # a large output, where speed matters
         for jit in (True, False):
-            grad = jax.grad(lambda x, w: jnp.sum(fast(params, x, w) * cot), argnums=(0, 1))
+            grad = jax.grad(lambda x, w: jnp.sum(fn(params, x, w) * cot), argnums=(0, 1))
             got = (jax.jit(grad) if jit else grad)(x, w)
             want = jax.grad(lambda x, w: jnp.sum(xla(x, w) * cot), argnums=(0, 1))(x, w)
             for g, h in zip(got, want):
                 np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=1e-10, atol=1e-10)
-        np.testing.assert_allclose(np.asarray(fast(params, x, w)), np.asarray(xla(x, w)), rtol=1e-12, atol=1e-12)
-        with pytest.raises(TypeError, match="forward-mode"):
-            jax.jvp(lambda w: fast(params, x, w), (w,), (w,))
-        _, tangent = jax.jvp(lambda w: plain(params, x, w), (w,), (w,))
+        np.testing.assert_allclose(np.asarray(fn(params, x, w)), np.asarray(xla(x, w)), rtol=1e-12, atol=1e-12)
+        _, tangent = jax.jvp(lambda w: fn(params, x, w), (w,), (w,))
         np.testing.assert_allclose(np.asarray(tangent), np.asarray(xla(x, w)), rtol=1e-10, atol=1e-10)  # linear in w
 
 
@@ -690,8 +687,9 @@ def test_the_reverse_mode_only_depthwise_gradient_equals_the_analytic_one(attrs,
     ({"strides": [2, 2], "pads": [2, 1, 2, 3], "kernel_shape": [5, 5]}, 2),
 ])
 def test_a_small_depthwise_convolution_differentiates_as_xlas_grouped_one_in_every_mode(attrs, multiplier):
-    """``to_jax``'s depthwise Conv (shifted slices, JAX's own derivative) at a small size: gradients, forward mode,
-    the Hessian and ``jax.vmap`` of the gradient equal XLA's grouped convolution's in float64."""
+    """``to_jax``'s depthwise Conv (shifted slices and their compact derivative) at a small size: gradients, forward
+    mode, the Hessian and ``jax.vmap`` of the gradient over the weights or over the input equal XLA's grouped
+    convolution's in float64."""
     x, w, model, xla = _depthwise_case(attrs, multiplier, 4, 9)
     fn, params = optkit.onnx.to_jax(model, trainable=[])
     with jax.enable_x64(True):
@@ -701,42 +699,68 @@ def test_a_small_depthwise_convolution_differentiates_as_xlas_grouped_one_in_eve
             loss = functools.partial(lambda f, x, w: jnp.sum(f(x, w) ** 3 * cot), f)
             return (jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w), jax.jvp(lambda w: f(x, w), (w,), (w,))[1],
                     jax.hessian(lambda w: loss(x, w))(w),
-                    jax.vmap(jax.grad(loss, argnums=1), (None, 0))(x, jnp.stack([w, 2 * w])))
+                    jax.vmap(jax.grad(loss, argnums=1), (None, 0))(x, jnp.stack([w, 2 * w])),
+                    jax.vmap(jax.grad(loss, argnums=(0, 1)), (0, None))(jnp.stack([x, 2 * x]), w))
 
         got, want = derivatives(lambda x, w: fn(params, x, w)), derivatives(xla)
     for g, h in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=1e-10, atol=1e-10)
 
 
-def test_reverse_over_reverse_through_the_reverse_mode_only_depthwise_gradient():
-    """``jax.grad`` of ``jax.grad`` through the custom VJP (JAX differentiates its variadic reduction) equals the
-    default form's, in float64."""
-    x = RNG.normal(size=(4, 8, 96, 96))
-    model = _node_model("Conv", {"x": x}, {"group": 8, "pads": [1, 1, 1, 1], "strides": [2, 2]},
-                        initializers=[("w", RNG.normal(size=(8, 1, 3, 3)))])
-    got = []
+@pytest.mark.parametrize("channels_last", [True, False], ids=["channels_last", "onnx_layout"])
+def test_the_depthwise_gradient_is_one_reduction_and_one_convolution_not_one_per_tap(channels_last, monkeypatch):
+    """The reverse-mode gradient of a 5x5 depthwise Conv is built from the compact gradients (the weight's as one
+    variadic reduction over the taps, the input's as one convolution of the spread-out cotangent), not JAX's own
+    derivative of the 25 taps (25 reductions, which XLA:CPU compiles slowly
+    and runs one after another): counted in the lowered program, with the gradients equal to XLA's grouped
+    convolution's in float64."""
+    from optkit.onnx import _layout
+
+    if not channels_last:
+        monkeypatch.setattr(_layout, "active", lambda: False)
+    attrs = {"strides": [2, 2], "pads": [2, 1, 2, 3], "kernel_shape": [5, 5]}
+    x, w, model, xla = _depthwise_case(attrs, 2, 4, 11)
+    fn, params = optkit.onnx.to_jax(model, trainable=[])
     with jax.enable_x64(True):
-        for option in (True, False):
-            fn, params = optkit.onnx.to_jax(model, reverse_mode_only=option)
-            assert np.prod(np.shape(fn(params, x))) >= 2**16  # the shifted-slices path
-            inner = jax.grad(lambda p, fn=fn: jnp.sum(jnp.tanh(fn(p, x)) ** 2))
-            got.append(np.asarray(jax.grad(lambda p, inner=inner: jnp.sum(inner(p)["w"] ** 2))(params)["w"]))
-    np.testing.assert_allclose(got[0], got[1], rtol=1e-10, atol=1e-12)
+        cot = RNG.normal(size=np.shape(xla(x, w)))
+        grad = jax.jit(jax.grad(lambda x, w: jnp.sum(fn(params, x, w) * cot), argnums=(0, 1)))
+        text = grad.lower(x, w).as_text()
+        # pads that grow an array (the taps' transposes read back as negative pads, which XLA makes slices): X's
+        # own padding, and the cotangent's spread and border; JAX's own derivative pads once per tap
+        growing = [line for line in text.splitlines() if "stablehlo.pad" in line and "-" not in line.split("low")[1]]
+        assert len(growing) <= 3 and text.count("stablehlo.reduce") <= 2, (len(growing), text.count("stablehlo.reduce"))
+        got = grad(x, w)
+        want = jax.grad(lambda x, w: jnp.sum(xla(x, w) * cot), argnums=(0, 1))(x, w)
+    for g, h in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=1e-10, atol=1e-10)
 
 
-def test_an_nnx_module_takes_the_reverse_mode_only_option():
-    """``OnnxModule(model, reverse_mode_only=True)`` passes it to ``to_jax``: the same gradients in ``nnx``."""
+def test_reverse_over_reverse_through_the_depthwise_gradient():
+    """``jax.grad`` of ``jax.grad`` through the depthwise Conv's own derivative (JAX differentiates its variadic
+    reduction) equals XLA's grouped convolution's, in float64; so does the gradient through ``OnnxModule`` in
+    ``nnx``."""
     from flax import nnx
 
-    x = RNG.normal(size=(2, 16, 96, 96)).astype(np.float32)
-    model = _node_model("Conv", {"x": x}, {"group": 16, "pads": [1, 1, 1, 1]},
-                        initializers=[("w", RNG.normal(size=(16, 1, 3, 3)).astype(np.float32))])
-    grads = []
-    for option in (True, False):
-        module = optkit.onnx.OnnxModule(model, reverse_mode_only=option)
-        assert module.apply_fn._reverse_only is option
-        grads.append(nnx.grad(lambda m: jnp.mean(m(x) ** 2))(module)["params"]["w"][...])
-    np.testing.assert_allclose(np.asarray(grads[0]), np.asarray(grads[1]), rtol=1e-4, atol=1e-6)
+    x = RNG.normal(size=(4, 8, 96, 96))
+    w = RNG.normal(size=(8, 1, 3, 3))
+    model = _node_model("Conv", {"x": x}, {"group": 8, "pads": [1, 1, 1, 1], "strides": [2, 2]},
+                        initializers=[("w", w)])
+
+    def xla(x, w):
+        return jax.lax.conv_general_dilated(x, w, (2, 2), [(1, 1), (1, 1)], feature_group_count=8)
+
+    with jax.enable_x64(True):
+        fn, params = optkit.onnx.to_jax(model)
+        assert np.prod(np.shape(fn(params, x))) >= 2**16  # a large output
+        inner = jax.grad(lambda p: jnp.sum(jnp.tanh(fn(p, x)) ** 2))
+        got = jax.grad(lambda p: jnp.sum(inner(p)["w"] ** 2))(params)["w"]
+        inner_xla = jax.grad(lambda w: jnp.sum(jnp.tanh(xla(x, w)) ** 2))
+        want = jax.grad(lambda w: jnp.sum(inner_xla(w) ** 2))(w)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
+        module = optkit.onnx.OnnxModule(model)
+        got = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(module)["params"]["w"][...]
+        want = jax.grad(lambda w: jnp.mean(xla(x, w) ** 2))(w)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.xla_structure

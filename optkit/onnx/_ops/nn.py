@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-import itertools
 import math
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
+from optkit.onnx._ops import _depthwise as dw
 from optkit.onnx._ops._common import aligned, axis_index, log_softmax, on_cpu, softmax
 from optkit.onnx._ops._registry import Family, Layout
 from optkit.onnx._ops._window import (
@@ -20,9 +18,7 @@ from optkit.onnx._ops._window import (
     spatial,
     spatial_attrs,
     windowed,
-    with_spatial,
 )
-from optkit.onnx._tracing import reverse_mode_only_active
 
 OPS = Family("nn")
 
@@ -86,17 +82,11 @@ def _softmax(ctx, fn):
     return softmax_2d
 
 
-# Output elements from which a depthwise convolution is computed by _depthwise on CPU: all of them. (2**16 until
-# issue 45: one thread, XLA's grouped convolution took 8.6 ms for (2, 4, 4, 672) and a 5x5 kernel, the shifted
-# slices 0.23 ms; efficientnet_b0 at 2 x 3 x 64 x 64 ran in 49 ms instead of 3.4 ms, its first call 2.6 s
-# instead of 4.3 s; benchmarks/RESULTS.md "Small inputs".)
+# Output elements from which a depthwise convolution is computed by _depthwise.depthwise on CPU: all of them.
+# (2**16 until issue 45: one thread, XLA's grouped convolution took 8.6 ms for (2, 4, 4, 672) and a 5x5 kernel,
+# the shifted slices 0.23 ms; efficientnet_b0 at 2 x 3 x 64 x 64 ran in 49 ms instead of 3.4 ms, its first
+# call 2.6 s instead of 4.3 s; benchmarks/RESULTS.md "Small inputs".)
 _SHIFTED_MIN = 0
-
-
-def _accumulator(dtype):
-    """float32 for a 16-bit float ``dtype`` (summed in float32 and rounded once, as a convolution's accumulator
-    does), else None (the dtype itself)."""
-    return jnp.float32 if jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize < 4 else None
 
 
 def _conv_numbers(n, channels_last):
@@ -104,94 +94,6 @@ def _conv_numbers(n, channels_last):
     are (N, C, D...), or (N, D..., C) when ``channels_last``."""
     features = (0, n + 1, *range(1, n + 1)) if channels_last else tuple(range(n + 2))
     return lax.ConvDimensionNumbers(features, tuple(range(n + 2)), features)
-
-
-def _depthwise(x, w, strides, dilations, channels_last=False):
-    """A VALID depthwise convolution (``x`` (N, C, D1, ...) already padded, or (N, D1, ..., C) when
-    ``channels_last``, ``w`` (C * m, 1, k1, ...)) as a sum of the kernel's shifted, strided slices of ``x``
-    times one weight per channel: XLA fuses it into one loop.
-    XLA:CPU's grouped convolution with one channel per group took 56 ms for (8, 64, 56, 56) and a 3x3 kernel,
-    this 0.3 ms (the gradient 173 ms and 44 ms), and it is 10-40x faster on small outputs too (one thread:
-    (2, 4, 4, 672), 5x5: 8.6 ms against 0.23 ms); it compiles slower (efficientnet_b0's first inference at
-    2 x 3 x 64 x 64: 4.3 s against 2.6 s), which a model run more than a few dozen times wins back
-    (benchmarks/RESULTS.md, "Small inputs")."""
-    dtype = jnp.result_type(x, w)
-    work = _accumulator(dtype) or dtype
-    total = None  # 16-bit floats summed in float32 and rounded once, as a convolution's accumulator does
-    for offset, tap in _taps(x, jnp.shape(w), strides, dilations, channels_last):
-        weight = jnp.reshape(w[(slice(None), 0, *offset)], per_channel(jnp.ndim(x), channels_last))
-        term = tap.astype(work) * weight.astype(work)
-        total = term if total is None else total + term
-    return total.astype(dtype)
-
-
-def _taps(x, w_shape, strides, dilations, channels_last):
-    """``(offset, slice)`` for each offset of the kernel (row-major): the shifted, strided slice of ``x`` that it
-    multiplies in a VALID depthwise convolution, ``x``'s channels repeated by the depth multiplier (output channel
-    c * m + j reads input channel c); each slice has the output's shape."""
-    ndim = jnp.ndim(x)
-    channel_axis = ndim - 1 if channels_last else 1
-    multiplier = w_shape[0] // jnp.shape(x)[channel_axis]
-    if multiplier > 1:
-        x = jnp.repeat(x, multiplier, axis=channel_axis)
-    kernel = w_shape[2:]
-    sizes = logical_shape(jnp.shape(x), channels_last)[2:]
-    out = [(size - (k - 1) * d - 1) // s + 1 for size, k, d, s in zip(sizes, kernel, dilations, strides)]
-    for offset in itertools.product(*(range(k) for k in kernel)):
-        begin = [o * d for o, d in zip(offset, dilations)]
-        limit = with_spatial(jnp.shape(x), channels_last, [b + (n - 1) * s + 1 for b, n, s in zip(begin, out, strides)])
-        start, step = spatial(ndim, channels_last, begin, 0), spatial(ndim, channels_last, strides, 1)
-        yield offset, lax.slice(x, start, limit, step)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _depthwise_reverse(x, w, strides, dilations, channels_last):
-    """:func:`_depthwise` with a derivative for reverse mode only, whose weight gradient is one variadic reduction
-    over the kernel's taps: XLA:CPU does not fuse the one reduction per tap that JAX's own derivative makes
-    (mobilenet_v3_small's training step 194 -> 122 ms; benchmarks/RESULTS.md). Forward mode (``jax.jvp``) of it
-    raises; reverse over reverse differentiates the backward pass (JAX differentiates the variadic reduction)."""
-    return _depthwise(x, w, strides, dilations, channels_last)
-
-
-def _depthwise_reverse_fwd(x, w, strides, dilations, channels_last):
-    return _depthwise(x, w, strides, dilations, channels_last), (x, w)
-
-
-def _depthwise_reverse_bwd(strides, dilations, channels_last, residuals, g):
-    x, w = residuals
-    dx = _depthwise_input_gradient(g, w, jnp.shape(x), strides, dilations, channels_last)
-    products = tuple(tap * g for _, tap in _taps(x, jnp.shape(w), strides, dilations, channels_last))
-    zero = jnp.zeros((), products[0].dtype)
-    channel_axis = jnp.ndim(g) - 1 if channels_last else 1
-    sums = lax.reduce(products, (zero,) * len(products), lambda a, b: tuple(p + q for p, q in zip(a, b)),
-                      tuple(axis for axis in range(jnp.ndim(g)) if axis != channel_axis))
-    return dx, jnp.reshape(jnp.stack(sums, axis=-1), jnp.shape(w)).astype(jnp.result_type(w))
-
-
-def _depthwise_input_gradient(g, w, x_shape, strides, dilations, channels_last):
-    """The gradient of :func:`_depthwise` with respect to its (padded) input: itself a depthwise convolution, of
-    ``g`` spread out by the strides and padded by the kernel's span, with the kernel flipped, summed over the
-    depth multiplier's copies: one fused loop, where JAX's transposes of the taps' strided slices are one kernel
-    each (mobilenet_v3_small at 2 x 3 x 32 x 32, ``to_jax(..., reverse_mode_only=True)``: the first jitted
-    ``value_and_grad`` 11.7 s -> 6.6 s, then 2.9 -> 2.1 ms a step; at 224 x 224 the same, 14 ms)."""
-    n = len(strides)
-    sizes = logical_shape(x_shape, channels_last)[2:]
-    outs = logical_shape(jnp.shape(g), channels_last)[2:]
-    config = [((k - 1) * d, size - (out - 1) * s - 1, s - 1)
-              for k, d, s, size, out in zip(jnp.shape(w)[2:], dilations, strides, sizes, outs)]
-    spread = lax.pad(g, jnp.zeros((), g.dtype), spatial(n + 2, channels_last, config, (0, 0, 0)))
-    flipped = jnp.flip(w, axis=tuple(range(2, n + 2)))
-    dx = _depthwise(spread, flipped, (1,) * n, dilations, channels_last)
-    channels = x_shape[n + 1 if channels_last else 1]
-    multiplier = jnp.shape(w)[0] // channels
-    if multiplier > 1:
-        axis = n + 1 if channels_last else 1
-        shape = jnp.shape(dx)
-        dx = jnp.sum(jnp.reshape(dx, (*shape[:axis], channels, multiplier, *shape[axis + 1:])), axis=axis + 1)
-    return dx.astype(jnp.result_type(g))
-
-
-_depthwise_reverse.defvjp(_depthwise_reverse_fwd, _depthwise_reverse_bwd)
 
 
 @OPS.op("Conv", 1, 11, 22, layout=Layout("conv"))
@@ -228,7 +130,7 @@ def build_conv(ctx):
         # VALID convolution kept XLA:CPU from carrying its channels-last layout from one convolution to the next:
         # resnet18's inference took 496 ms instead of 234 ms, with 47 transposes instead of 8.)
         # One input channel per group (MobileNet, EfficientNet), on CPU, on an output large enough for its running
-        # time to matter more than the longer compile (see _depthwise).
+        # time to matter more than the longer compile (see _depthwise.shifted).
         depthwise = (group > 1 and jnp.shape(w)[1] == 1 and on_cpu()
                      and shape[0] * jnp.shape(w)[0] * math.prod(win.out for win in windows) >= _SHIFTED_MIN)
         numbers = _conv_numbers(n, ctx.channels_last)
@@ -247,18 +149,17 @@ def build_conv(ctx):
             if patches:  # the windows as shifted slices (not lax.conv_general_dilated_patches: a grouped
                 # convolution, as slow here), in the channels-last plan
                 padded = jnp.pad(core, spatial(n + 2, ctx.channels_last, pads, (0, 0)))
-                taps = [tap for _, tap in _taps(padded, (shape[1], 1, *kernel), strides, dilations, True)]
+                taps = [tap for _, tap in dw.taps(padded, (shape[1], 1, *kernel), strides, dilations, True)]
                 gathered = jnp.stack(taps, axis=n + 2)  # (N, D..., C, taps): C-major, as W's (C, k...) flattens
                 flat = jnp.reshape(gathered, (*jnp.shape(gathered)[:n + 1], -1))
                 dtype = jnp.result_type(core, w)
-                wide = _accumulator(dtype)  # 16-bit: a float32 accumulator
+                wide = dw.accumulator(dtype)  # 16-bit: a float32 accumulator
                 return lax.dot_general(flat.astype(dtype), jnp.reshape(w, (jnp.shape(w)[0], -1)).astype(dtype),
                                        (((n + 1,), (1,)), ((), ())),
                                        preferred_element_type=wide).astype(dtype)  # (N, D..., M)
             if depthwise:
-                shifted = _depthwise_reverse if reverse_mode_only_active() else _depthwise
-                return shifted(jnp.pad(core, spatial(n + 2, ctx.channels_last, pads, (0, 0))), w, tuple(strides),
-                               tuple(dilations), ctx.channels_last)
+                return dw.depthwise(jnp.pad(core, spatial(n + 2, ctx.channels_last, pads, (0, 0))), w, tuple(strides),
+                           tuple(dilations), ctx.channels_last)
             return lax.conv_general_dilated(core, w, window_strides=strides, padding=pads, rhs_dilation=dilations,
                                             feature_group_count=group, dimension_numbers=numbers)
 
