@@ -257,7 +257,8 @@ def _node_function(fn, ctx: NodeContext, spec: OpSpec, schema: Any, count: int, 
       shapes are found abstractly first, so an oversized result is refused
       before it is allocated.
     - A handler may return more values than the node names (an operator's
-      optional trailing outputs); those the node leaves out are dropped.
+      optional trailing outputs); those the node leaves out are dropped. A
+      one-output node's value returned as a 1-tuple is the value.
     - A node whose sub-graphs read enclosing names gets their values as
       ``captured={name: value}``.
     """
@@ -277,7 +278,7 @@ def _node_function(fn, ctx: NodeContext, spec: OpSpec, schema: Any, count: int, 
                     f"computed at run time from a traced value; {RUNS_IN_SEGMENTS}"))
             given[i] = value
         out = fn(*given, captured=dict(zip(extra, values[count:]))) if extra else fn(*given)
-        if isinstance(out, tuple) and len(out) > wanted:
+        if isinstance(out, tuple) and (len(out) > wanted or len(out) == wanted == 1):  # (a Split into one part)
             out = out[0] if wanted == 1 else out[:wanted]
         return out
 

@@ -231,7 +231,13 @@ def to_jax(
       frozen: initializer names left out of ``trainable`` (ONNX Runtime's ``frozen_params``).
       outputs: the output names ``apply_fn`` returns: one name (the array),
         a sequence (a tuple); default the model's outputs (the array itself
-        for a model with one output).
+        for a model with one output). A name may also be any value that a
+        node of the main graph computes: the graph is cut there and only the
+        nodes the named values need run (a detector's backbone and heads
+        without its box decoding and ``NonMaxSuppression``, whose output
+        sizes depend on values; a repeated layer holding such a value runs
+        unrolled). Initializers only the cut-off nodes read stay in
+        ``params``, with zero gradients.
       base_dir, max_tensor_bytes, max_gradient_depth, max_gradient_passes: as :func:`prepare`.
       untie: give each node its own copy of the initializers the exporter shared between unrelated nodes
         (torch.onnx's dynamo exporter writes one initializer for equal constants: every zero bias of a
@@ -322,19 +328,24 @@ def to_jax(
                       f"nodes of one operator (an exporter's deduplication of equal constants): {shown}"
                       f"{' and more' if len(tied) > 3 else ''}. Training ties those nodes; pass untie=True to give "
                       f"each node its own copy, or frozen=[...] to keep them fixed", UserWarning, stacklevel=2)
+    computed = {name: node for node in loaded.graph.nodes for name in node.outputs if name}
     if outputs is None:
         chosen, single = loaded.outputs, len(loaded.outputs) == 1
     else:
         single = isinstance(outputs, str)
         chosen = (outputs,) if single else tuple(outputs)
-        unknown = [name for name in chosen if name not in loaded.outputs]
+        unknown = [name for name in chosen if name not in loaded.outputs and name not in computed]
         if unknown or not chosen:
-            raise ValueError(f"outputs {unknown or list(chosen)} are not graph outputs; the outputs are "
-                             f"{list(loaded.outputs)}")
+            raise ValueError(f"outputs {unknown or list(chosen)} are neither graph outputs nor values a node of "
+                             f"the main graph computes; the outputs are {list(loaded.outputs)}")
     specs = {name: (tuple(np.shape(values[name])), np.asarray(values[name]).dtype) for name in names}
     params = {name: jnp.asarray(values[name], run_dtype(specs[name][1])) for name in names}
     apply_fn = OnnxFunction(loaded, specs, tuple(chosen), single, checks, scan_layers,
                             remat_layers)
+    layers = apply_fn._layers
+    if layers:  # a value inside a repeated layer: that run unrolled, so that the value is computed
+        layers.unrolled.update(layers.member[computed[name]] for name in chosen
+                               if name not in loaded.outputs and computed.get(name) in layers.member)
     apply_fn.lora, apply_fn.adapters = lora, loaded.adapters
     if lora is not None:
         apply_fn._hold_frozen()

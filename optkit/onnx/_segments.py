@@ -149,7 +149,8 @@ class SegmentedRun:
         return _Segment(self._runner, nodes, inputs, wanted, self._options, self._checks)
 
     def _eager(self, node: Any, env: dict[str, Any]) -> None:
-        self._runner.run((node,), env)
+        with tracing():  # ONNX's 64-bit types narrowed unwarned per node, as in the segments
+            self._runner.run((node,), env)
         for name in node.outputs:  # concrete results: fed to the next segment as values, not constants
             value = env.get(name)
             if name and isinstance(value, np.ndarray | np.generic | list) and not is_string(value):

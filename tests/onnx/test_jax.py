@@ -241,7 +241,7 @@ def test_bad_calls_are_refused_naming_the_argument(call, error, match):
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(trainable=["nope"]), ValueError, "trainable name 'nope' is not an initializer"),
     (dict(trainable="W"), TypeError, "trainable must be a sequence of initializer names"),
-    (dict(outputs=["y", "w"]), ValueError, r"outputs \['w'\] are not graph outputs"),
+    (dict(outputs=["y", "w"]), ValueError, r"outputs \['w'\] are neither graph outputs nor values"),
 ])
 def test_bad_choices_are_refused_at_load(kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -956,3 +956,18 @@ def test_image_decoder_refuses_bad_bytes_and_oversized_images_by_name():
     big = _png(np.zeros((300, 400, 3), np.uint8))
     with pytest.raises(optkit.onnx.TensorTooLargeError, match="the decoded image"):
         optkit.onnx.prepare(_image_model(), max_tensor_bytes=100_000).run([big])
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_a_split_into_one_part_is_its_input_for_the_next_node(jit):
+    """``Split`` with one output (torchvision's SSD splits its box regressions per image, one image) feeds the
+    next node the array itself (a one-output handler's 1-tuple is unwrapped), as ONNX's reference does."""
+    x = RNG.normal(size=(1, 6, 4)).astype(np.float32)
+    split = helper.make_node("Split", ["x", "sizes"], ["part"], axis=0)
+    squeeze = helper.make_node("Squeeze", ["part", "axes"], ["y"])
+    graph = helper.make_graph([split, squeeze], "g", [_info("x", x.dtype, x.shape)],
+                              [helper.make_value_info("y", onnx.TypeProto())],
+                              initializer=[onnx.numpy_helper.from_array(np.array([1], np.int64), "sizes"),
+                                           onnx.numpy_helper.from_array(np.array([0], np.int64), "axes")])
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    _check_against_reference(model, {"x": x}, jit)

@@ -118,6 +118,24 @@ def test_values_and_gradients_equal_the_formula_and_the_unrolled_form(layers, ji
     chex.assert_trees_all_close(grads, want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_value_inside_a_layer_named_in_outputs_is_computed_with_its_run_unrolled():
+    """``outputs=`` may name a value inside a repeated layer (not a graph output): the run holding it runs unrolled
+    and the value is NumPy's; runs that hold no such value stay scanned."""
+    model, weights = _chain(5)
+    x, mask = _feeds()
+    fn, params = optkit.onnx.to_jax(model, outputs=["l2/c", "y"], scan_layers=True)
+    assert fn._layers.unrolled == {0}
+    inner, y = jax.jit(fn)(params, x, mask)
+    h = x.astype(np.float64)
+    for w, b, s_ in weights[:2]:
+        g = np.maximum(s_ * (np.tanh(mask * (h @ w + b)) + h), 0)
+        h = g / (1 + np.exp(-g))
+    np.testing.assert_allclose(inner, h @ weights[2][0] + weights[2][1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, _formula(weights, x, mask)[0], rtol=1e-5)
+    scanned, _ = optkit.onnx.to_jax(model, outputs=["state3", "y"], scan_layers=True)
+    assert not scanned._layers.unrolled  # a graph output the scan gives
+
+
 @hypothesis.settings(max_examples=4, deadline=None)
 @hypothesis.given(layers=st.integers(2, 7), seed=st.integers(0, 2**16))
 def test_any_depth_is_one_run_with_the_formula_values(layers, seed):

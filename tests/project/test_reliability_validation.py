@@ -599,7 +599,7 @@ for fn, case, thunk, exc, words in [
     ("to_jax", "garbage bytes", lambda: optkit.onnx.to_jax(b"garbage"), ValueError, "malformed ONNX model bytes"),
     ("to_jax", "trainable not an initializer", lambda: optkit.onnx.to_jax(_gemm_model(), trainable=["x"]), ValueError, "trainable name 'x' is not an initializer"),
     ("to_jax", "mistyped trainable name", lambda: optkit.onnx.to_jax(_gemm_model(), trainable=["Wx"]), ValueError, "is not an initializer of the model; did you mean 'W'?"),
-    ("to_jax", "unknown output", lambda: optkit.onnx.to_jax(_gemm_model(), outputs="z"), ValueError, "outputs ['z'] are not graph outputs"),
+    ("to_jax", "unknown output", lambda: optkit.onnx.to_jax(_gemm_model(), outputs="z"), ValueError, "outputs ['z'] are neither graph outputs nor values"),
     ("to_jax", "params missing", lambda: optkit.onnx.to_jax(_gemm_model())[0]({}, np.ones((1, 3), np.float32)), ValueError, "params lacks ['W', 'b']"),
     ("to_jax", "input dtype", lambda: (lambda f, p: f(p, np.ones((1, 3))))(*optkit.onnx.to_jax(_gemm_model())), TypeError, "'x' is declared float32, fed float64"),
     ("with_initializers", "unknown name", lambda: optkit.onnx.with_initializers(_gemm_model(), {"x": np.ones(2)}), ValueError, "'x' is not an initializer"),
