@@ -14,6 +14,7 @@ pytest.importorskip("onnx")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import onnx  # noqa: E402
+import onnxruntime  # noqa: E402
 
 import optkit.onnx  # noqa: E402
 
@@ -68,3 +69,42 @@ def test_string_labels_and_zipmap_are_refused_by_name():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)])
     with pytest.raises(optkit.onnx.UnsupportedOpError, match="classlabels_strings"):
         optkit.onnx.prepare(model).run([np.ones((1, 2), np.float32)])
+
+
+def _tree_ensemble_v5(aggregate, post):
+    """ONNX's own set-membership ``TreeEnsemble`` (ai.onnx.ml 5) node case with ``aggregate_function`` and
+    ``post_transform`` set."""
+    import onnx.backend.test.loader as loader
+    from onnx import helper
+
+    name = "test_ai_onnx_ml_tree_ensemble_set_membership"
+    (case,) = [c for c in loader.load_model_tests(kind="node") if c.name == name]
+    model = onnx.ModelProto()
+    model.CopyFrom(case.model)
+    node = model.graph.node[0]
+    kept = [a for a in node.attribute if a.name not in ("aggregate_function", "post_transform")]
+    del node.attribute[:]
+    node.attribute.extend([*kept, helper.make_attribute("aggregate_function", aggregate),
+                           helper.make_attribute("post_transform", post)])
+    return model
+
+
+# ONNX Runtime numbers post_transform as its own enum (1 LOGISTIC, 2 SOFTMAX); the operator page says 1 SOFTMAX,
+# 2 LOGISTIC, which optkit follows: ONNX Runtime's value for the other number is optkit's.
+_ORT_POST = {0: 0, 1: 2, 2: 1, 3: 3, 4: 4}
+
+
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "no_jit"])
+@pytest.mark.parametrize("aggregate", [0, 1, 2, 3], ids=["average", "sum", "min", "max"])
+@pytest.mark.parametrize("post", [0, 1, 2], ids=["none", "softmax", "logistic"])
+def test_tree_ensemble_5_gives_onnx_runtimes_scores(aggregate, post, jit):
+    """Version 5's ``TreeEnsemble`` (set membership splits, leaves indexed apart, a NaN feature) against ONNX
+    Runtime, for every aggregate function and the post transforms (numbered as the operator page numbers them)."""
+    # members of the two sets ({1.2, 3.7, 8, 9}, {12, 7}), a missing value, a value in neither, above the split
+    x = np.array([[1.2], [8.0], [12.0], [np.nan], [5.0], [20.0]], np.float32)
+    model = _tree_ensemble_v5(aggregate, post)
+    want = onnxruntime.InferenceSession(_tree_ensemble_v5(aggregate, _ORT_POST[post]).SerializeToString(),
+                                        providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+    got = optkit.onnx.prepare(model, jit=jit).run({"X": x})[0]
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-30)

@@ -1,7 +1,8 @@
 """ONNX's ``ai.onnx.ml`` operators that skl2onnx writes for scikit-learn models: ``LinearRegressor``,
 ``LinearClassifier``, ``Scaler``, ``Normalizer``, ``Binarizer``, ``Imputer``, ``ArrayFeatureExtractor``,
-``TreeEnsembleRegressor`` and ``TreeEnsembleClassifier`` (versions 1 and 3), ``LabelEncoder`` (versions 2 and 4;
-string keys or values on the host, :mod:`optkit.onnx._ops.text`).
+``TreeEnsembleRegressor`` and ``TreeEnsembleClassifier`` (versions 1 and 3), ``TreeEnsemble`` (version 5, the
+trees as arrays in :mod:`optkit.onnx._ops._trees`), ``LabelEncoder`` (versions 2 and 4; string keys or values on
+the host, :mod:`optkit.onnx._ops.text`).
 
 Formulas from the ``ai.onnx.ml`` operator pages, their details (binary classifiers' two scores, the post
 transforms, a missing value's branch) as ONNX Runtime's CPU kernels compute them, each checked against ONNX
@@ -18,8 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from optkit.onnx._errors import RUNS_IN_SEGMENTS, ValueDependentError
-from optkit.onnx._ops._common import aligned, take
+from optkit.onnx._ops._common import take
 from optkit.onnx._ops._registry import Family
+from optkit.onnx._ops._trees import Trees
 from optkit.onnx._ops._values import STRING, is_string
 
 OPS = Family("ml", "ai.onnx.ml")
@@ -30,9 +32,9 @@ def _floats(ctx, name, default=None):
     return None if value is None else np.asarray(value, np.float64)
 
 
-def _transform(ctx, name):
-    """The ``post_transform`` attribute as a function of the scores (N, E)."""
-    kind = ctx.attrs.get("post_transform", "NONE")
+def _transform(ctx, name, kind=None):
+    """The ``post_transform`` attribute (or ``kind``) as a function of the scores (N, E)."""
+    kind = kind or ctx.attrs.get("post_transform", "NONE")
     kind = kind.decode() if isinstance(kind, bytes) else kind
     if kind == "NONE":
         return lambda s: s
@@ -201,80 +203,6 @@ def _array_feature_extractor(ctx):
     return array_feature_extractor
 
 
-_MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ", "LEAF")
-
-
-class _Trees:
-    """A tree ensemble's nodes as arrays over one global node index, and each leaf's weights per output."""
-
-    def __init__(self, ctx, outputs: int, prefix: str):
-        a = ctx.attrs
-        if "nodes_values_as_tensor" in a or f"{prefix}_weights_as_tensor" in a:
-            raise ctx.unsupported("the *_as_tensor attributes (double thresholds) are not run")
-        trees, ids = np.asarray(a["nodes_treeids"], np.int64), np.asarray(a["nodes_nodeids"], np.int64)
-        key = {(int(t), int(n)): i for i, (t, n) in enumerate(zip(trees, ids))}
-        modes = [m.decode() if isinstance(m, bytes) else m for m in a["nodes_modes"]]
-        bad = sorted(set(modes) - set(_MODES))
-        if bad:
-            raise ctx.error(f"unknown nodes_modes {bad}")
-        count = len(ids)
-        self.mode = np.asarray([_MODES.index(m) for m in modes], np.int32)
-        self.feature = np.asarray(a.get("nodes_featureids", [0] * count), np.int64)
-        self.value = np.asarray(a.get("nodes_values", [0.0] * count), np.float64)
-        missing = a.get("nodes_missing_value_tracks_true")
-        self.missing_true = np.asarray(missing if missing else [0] * count, bool)
-
-        def child(name):
-            out = np.zeros(count, np.int64)
-            for i, (t, n) in enumerate(zip(trees, a.get(name, [0] * count))):
-                out[i] = key.get((int(t), int(n)), i) if self.mode[i] != 6 else i
-            return out
-
-        self.true, self.false = child("nodes_truenodeids"), child("nodes_falsenodeids")
-        first: dict[int, int] = {}  # each tree's root: its smallest node id
-        for t, n in key:
-            first[t] = min(n, first.get(t, n))
-        self.roots = np.asarray([key[(t, first[t])] for t in sorted(first)], np.int64)
-        weights = np.zeros((count, outputs), np.float64)
-        for t, n, o, w in zip(a[f"{prefix}_treeids"], a[f"{prefix}_nodeids"], a[f"{prefix}_ids"],
-                              a[f"{prefix}_weights"]):
-            if not 0 <= int(o) < outputs:
-                raise ctx.error(f"{prefix}_ids {int(o)} is outside the {outputs} outputs")
-            weights[key[(int(t), int(n))], int(o)] += w
-        self.weights = weights
-        self.depth = self._depth()
-
-    def _depth(self) -> int:
-        depth = {}
-        order = list(self.roots)
-        for r in order:
-            depth[int(r)] = 0
-        while order:
-            i = int(order.pop())
-            if self.mode[i] != 6:
-                for c in (int(self.true[i]), int(self.false[i])):
-                    if c not in depth:
-                        depth[c] = depth[i] + 1
-                        order.append(c)
-        return max(depth.values(), default=0)
-
-    def leaves(self, x):
-        """(N, trees) the leaf each row reaches in each tree."""
-        node = jnp.broadcast_to(jnp.asarray(self.roots), (x.shape[0], len(self.roots)))
-        node = aligned((x, node), skip=(1,))[1]  # (split as the rows are, under explicit mesh axes)
-        mode, feature = jnp.asarray(self.mode), jnp.asarray(self.feature)
-        value = jnp.asarray(self.value, x.dtype)
-        true, false, missing_true = jnp.asarray(self.true), jnp.asarray(self.false), jnp.asarray(self.missing_true)
-        for _ in range(self.depth):
-            m, v = take(mode, node, 0), take(value, node, 0)
-            f = jnp.take_along_axis(x, take(feature, node, 0), axis=1)
-            go = jnp.select([m == 0, m == 1, m == 2, m == 3, m == 4, m == 5],
-                            [f <= v, f < v, f >= v, f > v, f == v, f != v], False)
-            go = jnp.where(jnp.isnan(f), take(missing_true, node, 0), go)
-            node = jnp.where(m == 6, node, jnp.where(go, take(true, node, 0), take(false, node, 0)))
-        return node
-
-
 def _tree_scores(ctx, trees, x, base):
     """Each row's summed (or averaged) leaf weights plus ``base`` (N, outputs)."""
     aggregate = ctx.attrs.get("aggregate_function", "SUM")
@@ -294,7 +222,7 @@ def _tree_ensemble_regressor(ctx):
     ``base_values``, then ``post_transform`` (N, n_targets); a node's comparison by ``nodes_modes``, a missing
     value (NaN) to the branch ``nodes_missing_value_tracks_true`` says."""
     outputs = int(ctx.attrs.get("n_targets", 1))
-    trees = _Trees(ctx, outputs, "target")
+    trees = Trees.from_nodes(ctx, outputs, "target")
     base = _floats(ctx, "base_values", [0.0] * outputs)
     transform = _transform(ctx, "TreeEnsembleRegressor")
 
@@ -303,6 +231,45 @@ def _tree_ensemble_regressor(ctx):
         return transform(_tree_scores(ctx, trees, x, base)).astype(jnp.float32)
 
     return tree_ensemble_regressor
+
+
+_POST_TRANSFORMS = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")
+
+
+@OPS.op("TreeEnsemble", 5)
+def _tree_ensemble(ctx):
+    """Version 5's one tree operator: each row walks every tree from ``tree_roots`` to a leaf, whose
+    ``leaf_weights`` entry goes to its ``leaf_targetids`` target; per target the ``aggregate_function`` over the
+    trees (0 AVERAGE, 1 SUM, 2 MIN, 3 MAX; a target no tree reached is 0, as ONNX Runtime gives it; ONNX's
+    reference leaves the dtype's largest or smallest value for MIN and MAX), then ``post_transform`` as the
+    operator page numbers it (0 NONE, 1 SOFTMAX, 2 LOGISTIC, 3 SOFTMAX_ZERO, 4 PROBIT; ONNX Runtime 1.32 reads 1
+    as LOGISTIC and 2 as SOFTMAX, and ONNX's reference applies none); (N, n_targets) in X's dtype. A missing value
+    (NaN) takes the branch ``nodes_missing_value_tracks_true`` says, as ONNX Runtime."""
+    outputs = int(ctx.attrs.get("n_targets", 1))
+    trees = Trees.from_leaves(ctx, outputs)
+    aggregate = int(ctx.attrs.get("aggregate_function", 1))
+    post = int(ctx.attrs.get("post_transform", 0))
+    if aggregate not in (0, 1, 2, 3) or not 0 <= post < len(_POST_TRANSFORMS):
+        raise ctx.error(f"aggregate_function must be 0-3 and post_transform 0-4, got {aggregate} and {post}")
+    transform = _transform(ctx, "TreeEnsemble", _POST_TRANSFORMS[post])
+
+    def tree_ensemble(x):
+        x = jnp.asarray(x)
+        if x.ndim != 2:
+            raise ctx.error(f"X must be (N, C), got {x.shape}")
+        leaves = trees.leaves(x)
+        weights = take(jnp.asarray(trees.weights, x.dtype), leaves, 0)  # (N, trees, targets)
+        if aggregate in (0, 1):
+            scores = jnp.sum(weights, axis=1) / (len(trees.roots) if aggregate == 0 else 1)
+        else:
+            reached = take(jnp.asarray(trees.reached), leaves, 0)
+            info = jnp.finfo(x.dtype)
+            fill = info.max if aggregate == 2 else info.min
+            pick = jnp.min if aggregate == 2 else jnp.max
+            scores = jnp.where(jnp.any(reached, axis=1), pick(jnp.where(reached, weights, fill), axis=1), 0)
+        return transform(scores).astype(x.dtype)
+
+    return tree_ensemble
 
 
 @OPS.op("TreeEnsembleClassifier", 1, 3)
@@ -316,7 +283,7 @@ def _tree_ensemble_classifier(ctx):
     used = {int(c) for c in ctx.attrs.get("class_ids", [])}
     binary = len(labels) == 2 and used <= {0} or (len(labels) == 2 and used == {1})
     outputs = 1 if binary else len(labels)
-    trees = _Trees(ctx, max(outputs, max(used, default=0) + 1), "class")
+    trees = Trees.from_nodes(ctx, max(outputs, max(used, default=0) + 1), "class")
     base = _floats(ctx, "base_values", [0.0] * trees.weights.shape[1])
     transform = _transform(ctx, "TreeEnsembleClassifier")
     kind = ctx.attrs.get("post_transform", "NONE")
