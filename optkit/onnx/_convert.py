@@ -283,7 +283,7 @@ def _node_function(fn, ctx: NodeContext, spec: OpSpec, schema: Any, count: int, 
         return out
 
     def node_function(*values):
-        strings = any(is_string(v) for v in values)
+        strings = any(is_string(v) for v in values) or (ctx.op_type == "Constant" and is_string(call()))
         if strings or all(v is None or is_static(v) for v in values):
             if strings:  # computed on the host (NumPy), before running: no abstract pass (JAX has no strings)
                 out = call(*values)

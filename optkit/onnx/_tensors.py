@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from optkit.onnx._errors import UnsupportedOpError
+from optkit.onnx._errors import TensorTooLargeError, UnsupportedOpError
 from optkit.onnx._limits import check_size
 from optkit.onnx._ops._values import DTYPES, dtype_name, external_key, node_name, storage_bits
 
@@ -59,12 +59,21 @@ def tensors_of(proto: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto, 
 
 
 def check_tensors(proto: onnx.ModelProto, limit: int) -> None:
-    """Every tensor the model brings, inline or external, against the bounds, before any is read or converted.
+    """Every tensor the model brings, inline or external, against the bounds, before any is read or converted
+    (a STRING tensor by the bytes of its strings, plus 8 per string).
 
     A tensor of an element type optkit does not run is left to the
     converter, which refuses it naming the type.
     """
     for where, tensor, dense in tensors_of(proto):
+        if tensor.data_type == onnx.TensorProto.STRING:  # its bytes as held: each string, and a pointer to it
+            check_size(dense if dense is not None else tuple(tensor.dims), None, where, limit)
+            held = sum(map(len, tensor.string_data)) + 8 * len(tensor.string_data)
+            if held > limit:
+                raise TensorTooLargeError(f"{where} holds {held} bytes of strings (their bytes and 8 per string), "
+                                          f"more than optkit.onnx's limit of {limit} bytes (max_tensor_bytes); it "
+                                          f"is refused before it is decoded")
+            continue
         dtype = DTYPES.get(tensor.data_type)
         if dtype is None:
             continue

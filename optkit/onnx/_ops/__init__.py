@@ -19,7 +19,8 @@ Where an operator goes: its family module, by what it does:
 
 - :mod:`~optkit.onnx._ops.control`: ``If``, ``Loop``, ``Scan`` (bodies converted
   by the model's own converter);
-- :mod:`~optkit.onnx._ops.attention`: ``Attention``, ``RotaryEmbedding``;
+- :mod:`~optkit.onnx._ops.attention`: ``Attention``, ``RotaryEmbedding``, ``ai.onnx.preview``'s
+  ``FlexAttention``;
 - :mod:`~optkit.onnx._ops.algebra`: Einsum, Det, Hardmax, LpNormalization, windows;
 - :mod:`~optkit.onnx._ops.indexing`: Scatter*, TopK, OneHot, Compress, NonZero, Unique,
   ReverseSequence, EyeLike, DepthToSpace, SpaceToDepth, CenterCropPad;
@@ -85,7 +86,7 @@ from optkit.onnx._ops._registry import OpTable
 __all__ = ["TABLE", "supported_ops"]
 
 TABLE = OpTable(elementwise.OPS, nn.OPS, pool.OPS, normalization.OPS, recurrent.OPS, shape.OPS, reduce.OPS, loss.OPS,
-                training.OPS, control.OPS, attention.OPS, quantize.OPS,
+                training.OPS, control.OPS, attention.OPS, attention.PREVIEW_OPS, quantize.OPS,
                 resize.OPS, sampling.OPS, randomness.OPS, indexing.OPS, algebra.OPS, contrib.OPS,
                 contrib_attention.OPS, contrib.DEFAULT_DOMAIN_OPS, adapters.OPS, state.OPS, ml.OPS, sequence.OPS,
                 text.OPS, image.OPS)

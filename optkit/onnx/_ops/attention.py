@@ -12,6 +12,11 @@ giving 0, and the four ``qk_matmul_output_mode`` outputs.
 head by the angles in ``cos_cache`` and ``sin_cache`` (gathered by
 ``position_ids`` when given), in halves or in interleaved pairs, as ONNX's
 reference implementation does; it is differentiable in ``X`` and the caches.
+
+``FlexAttention`` (``ai.onnx.preview`` 1, with opset 26) is attention over 4-D inputs with two sub-graphs: the
+scores (``sqrt(scale)`` on Q and on K, grouped-query heads repeated) go through ``score_mod`` before the softmax
+and the probabilities through ``prob_mod`` after it, in ``softmax_precision`` (float32 for 16-bit inputs), as
+ONNX's reference implementation computes it.
 """
 
 from __future__ import annotations
@@ -19,11 +24,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from optkit.onnx._ops._common import below_max, checked_indices, take
+from optkit.onnx._ops._common import below_max, body_runner, checked_indices, take
 from optkit.onnx._ops._registry import Family
 from optkit.onnx._ops._values import onnx_dtype
 
 OPS = Family("attention")
+PREVIEW_OPS = Family("attention", "ai.onnx.preview")
 
 
 @OPS.op("RotaryEmbedding", 23, table_inputs=(1, 2))
@@ -183,3 +189,47 @@ def _attention(ctx):
         return y, present_key, present_value, out_qk.astype(dtype)
 
     return attention
+
+
+@PREVIEW_OPS.op("FlexAttention", 1)
+def _flex_attention(ctx):
+    """``Y = prob_mod(softmax(score_mod(Q' K'^T))) V`` over (B, H, L, E) queries and (B, H_kv, S, E) keys and
+    (B, H_kv, S, E_v) values, ``Q' = Q sqrt(scale)`` and ``K' = K sqrt(scale)`` (default ``scale = 1 /
+    sqrt(E)``, its square root taken in float32), key and value heads repeated for H / H_kv query heads; the
+    scores, the softmax and the product with V in ``softmax_precision`` (default: float32 for 16-bit inputs, else
+    the input's type), Y in V's type. Each mod is a one-input, one-output sub-graph on (B, H, L, S)."""
+    mods = {}
+    for name in ("score_mod", "prob_mod"):
+        if ctx.attrs.get(name) is not None:
+            body = ctx.convert_subgraph(name)
+            if len(body.inputs) != 1 or len(body.outputs) != 1:
+                raise ctx.error(f"{name} must have one input and one output, got {len(body.inputs)} and "
+                                f"{len(body.outputs)}")
+            mods[name] = body
+    scale, precision = ctx.attrs.get("scale"), ctx.attrs.get("softmax_precision")
+
+    def flex_attention(q, k, v, captured=None):
+        if jnp.ndim(q) != 4 or jnp.ndim(k) != 4 or jnp.ndim(v) != 4:
+            raise ctx.error(f"Q, K and V must be 4-D, got shapes {jnp.shape(q)}, {jnp.shape(k)}, {jnp.shape(v)}")
+        (_, heads, _, size), (_, kv_heads, length, k_size) = jnp.shape(q), jnp.shape(k)
+        if k_size != size or jnp.shape(v)[1:3] != (kv_heads, length) or kv_heads <= 0 or heads % kv_heads:
+            raise ctx.error(f"K {jnp.shape(k)} and V {jnp.shape(v)} must share heads and length, K's features "
+                            f"must be Q's {jnp.shape(q)}, and Q's heads a multiple of K's")
+        if heads != kv_heads:
+            k, v = jnp.repeat(k, heads // kv_heads, axis=1), jnp.repeat(v, heads // kv_heads, axis=1)
+        root = jnp.sqrt(jnp.float32(1.0 / np.sqrt(size) if scale is None else scale)).astype(q.dtype)
+        scores = jnp.matmul(q * root, jnp.swapaxes(k * root, -1, -2))
+        work = (onnx_dtype(precision, ctx.message("softmax_precision")) if precision is not None
+                else jnp.float32 if jnp.dtype(q.dtype).itemsize < 4 else q.dtype)
+        scores = scores.astype(work)
+        if "score_mod" in mods:
+            (scores,) = body_runner(mods["score_mod"], captured)(scores)
+            scores = scores.astype(work)
+        e = jnp.exp(below_max(scores, -1))
+        probs = e / jnp.sum(e, axis=-1, keepdims=True)
+        if "prob_mod" in mods:
+            (probs,) = body_runner(mods["prob_mod"], captured)(probs)
+            probs = probs.astype(work)
+        return jnp.matmul(probs, v.astype(work)).astype(v.dtype)
+
+    return flex_attention

@@ -511,3 +511,26 @@ def test_fuzzed_hostile_fields_raise_only_documented_errors_quickly(tmp_path_fac
 
 # Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').
 pytestmark = [pytest.mark.slow, pytest.mark.x64]
+
+
+@pytest.mark.parametrize("where", ["initializer", "Constant value"])
+def test_a_string_tensor_is_held_to_max_tensor_bytes_by_its_bytes(where):
+    """A STRING tensor (``Equal`` on strings, a ``LabelEncoder``'s keys) is bounded by the bytes its strings hold
+    (plus 8 per string), before any is decoded; within the bound it runs."""
+    words = np.array(["x" * 1000, "y" * 1000, "z" * 1000], dtype=object)
+    tensor = numpy_helper.from_array(words, "S")
+    text = helper.make_tensor_value_info
+    if where == "initializer":
+        nodes, inits = [helper.make_node("Equal", ["X", "S"], ["Y"])], [tensor]
+        named = "initializer 'S'"
+    else:
+        nodes = [helper.make_node("Constant", [], ["S"], value=tensor), helper.make_node("Equal", ["X", "S"], ["Y"])]
+        inits, named = [], "attribute 'value' of node 'Constant#0'"
+    graph = helper.make_graph(nodes, "g", [text("X", onnx.TensorProto.STRING, [3])],
+                              [text("Y", onnx.TensorProto.BOOL, [3])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    with pytest.raises(TensorTooLargeError, match="holds 3024 bytes of strings") as info:
+        optkit.onnx.prepare(model, max_tensor_bytes=3000)
+    assert named in str(info.value)
+    got = optkit.onnx.prepare(model, max_tensor_bytes=4096).run([np.array(["x" * 1000, "a", "z" * 1000], object)])
+    np.testing.assert_array_equal(got[0], [True, False, True])
