@@ -282,8 +282,11 @@ def _node_function(fn, ctx: NodeContext, spec: OpSpec, schema: Any, count: int, 
             out = out[0] if wanted == 1 else out[:wanted]
         return out
 
+    # A Constant of strings: held on the host as strings fed to a node are (found once, not at every trace).
+    host_constant = ctx.op_type == "Constant" and is_string(fn())
+
     def node_function(*values):
-        strings = any(is_string(v) for v in values) or (ctx.op_type == "Constant" and is_string(call()))
+        strings = host_constant or any(is_string(v) for v in values)
         if strings or all(v is None or is_static(v) for v in values):
             if strings:  # computed on the host (NumPy), before running: no abstract pass (JAX has no strings)
                 out = call(*values)

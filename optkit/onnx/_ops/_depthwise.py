@@ -5,11 +5,12 @@ differentiation modes. Used by ``Conv`` (:mod:`~optkit.onnx._ops.nn`) on CPU.
 The forward pass is one fused loop (XLA:CPU's grouped convolution with one channel per group took 56 ms for
 (8, 64, 56, 56) and a 3x3 kernel, the slices 0.3 ms). JAX's own derivative of the slices is one reduction per
 kernel tap for the weight and one padded copy per tap for the input, which XLA:CPU neither fuses nor compiles
-quickly (mobilenet_v3_small's jitted ``value_and_grad``: 52,583 lines of optimized HLO, 11.9 s of compile).
-:func:`depthwise` instead carries a ``jax.custom_jvp`` whose tangent is written as the transpose of the two
-compact gradients (:func:`input_gradient`, one depthwise convolution of the spread-out cotangent;
-:func:`weight_gradient`, one contraction over the stacked taps), so that reverse mode, which transposes the tangent,
-gets them back as they are written, and forward mode, ``vmap`` and higher orders keep working.
+quickly (mobilenet_v3_small's jitted ``value_and_grad``: 52,583 lines of optimized HLO, 12.1 s of compile).
+:func:`depthwise` instead carries a ``jax.custom_jvp`` whose tangent reverse mode transposes into the two compact
+gradients: the input's tangent is JAX's transpose of :func:`input_gradient` (one depthwise convolution of the
+spread-out cotangent), the weight's a primitive (:data:`by_weight_p`) whose transpose rule is
+:func:`weight_gradient` (one variadic reduction over the taps). Forward mode, ``vmap`` and higher orders keep
+working.
 """
 
 from __future__ import annotations
@@ -161,14 +162,15 @@ batching.primitive_batchers[by_weight_p] = _by_weight_batch
 def depthwise(x, w, strides, dilations, channels_last):
     """:func:`shifted`, differentiable in every mode, with a tangent whose transpose (reverse mode) is
     :func:`input_gradient` plus :func:`weight_gradient`: mobilenet_v3_small's jitted ``value_and_grad`` at
-    2 x 3 x 32 x 32 compiles from 19,220 lines of optimized HLO instead of 52,583 (benchmarks/RESULTS.md, "Small
+    2 x 3 x 32 x 32 compiles from 19,280 lines of optimized HLO instead of 52,583 (benchmarks/RESULTS.md, "Small
     inputs"). ``strides`` and ``dilations`` are tuples of ints, one per spatial axis."""
     return shifted(x, w, strides, dilations, channels_last)
 
 
 def _depthwise_jvp(strides, dilations, channels_last, primals, tangents):
-    """The tangent as the linear transposes of the two gradients (``jax.linear_transpose``): evaluated as written
-    in forward mode, and transposed back to the gradients' own form in reverse mode."""
+    """The input's tangent as the linear transpose of :func:`input_gradient` (``jax.linear_transpose``), the
+    weight's as :func:`by_weight`: evaluated as written in forward mode, transposed back into the two gradients'
+    own forms in reverse mode."""
     x, w = primals
     dx, dw = tangents
     y = shifted(x, w, strides, dilations, channels_last)
