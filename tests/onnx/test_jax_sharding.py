@@ -292,3 +292,31 @@ else:
             got = jax.jit(apply_fn)({}, *sharded)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
         assert got.sharding.spec[0] == "data"
+
+    def test_a_depthwise_conv_differentiates_in_both_modes_on_jax_default_mesh():
+        """The depthwise Conv's own derivative (its JVP's linear transposes) with the batch split over
+        ``jax.make_mesh``'s default (explicit) axes: ``value_and_grad`` in the input and the weight, and ``jax.jvp``,
+        equal one device's (float32 rounding)."""
+        from onnx import TensorProto, helper
+
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(8, 16, 24, 24)).astype(np.float32)
+        w = onnx.numpy_helper.from_array(rng.normal(size=(32, 1, 3, 3)).astype(np.float32), "w")
+        conv = helper.make_node("Conv", ["x", "w"], ["y"], group=16, pads=[1] * 4, strides=[2, 2])
+        graph = helper.make_graph([conv], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 32, 12, 12])], [w])
+        apply_fn, params = optkit.onnx.to_jax(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+        def loss(p, x):
+            return jnp.sum(jnp.tanh(apply_fn(p, x)) ** 2)
+
+        want = jax.jit(jax.value_and_grad(loss, (0, 1)))(params, x)
+        want_jvp = jax.jvp(lambda p: loss(p, x), (params,), (params,))[1]
+        mesh = jax.make_mesh((8,), ("data",))
+        with jax.set_mesh(mesh):
+            sharded = jax.device_put(x, NamedSharding(mesh, P("data")))
+            got = jax.jit(jax.value_and_grad(loss, (0, 1)))(params, sharded)
+            got_jvp = jax.jvp(lambda p: loss(p, sharded), (params,), (params,))[1]
+        for g, h in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=2e-5, atol=1e-5 * float(np.max(np.abs(h))))
+        np.testing.assert_allclose(float(got_jvp), float(want_jvp), rtol=2e-5)

@@ -174,11 +174,10 @@ def _depthwise_jvp(strides, dilations, channels_last, primals, tangents):
     x, w = primals
     dx, dw = tangents
     y = shifted(x, w, strides, dilations, channels_last)
-    out = jax.ShapeDtypeStruct(jnp.shape(y), jnp.result_type(y))
     tangent = None
-    if not isinstance(dx, SymbolicZero):
+    if not isinstance(dx, SymbolicZero):  # (y as the example: its type carries a mesh's sharding)
         (tangent,) = jax.linear_transpose(
-            lambda g: input_gradient(g, w, jnp.shape(x), strides, dilations, channels_last), out)(dx)
+            lambda g: input_gradient(g, w, jnp.shape(x), strides, dilations, channels_last), y)(dx)
     if not isinstance(dw, SymbolicZero):
         along = by_weight(x, dw, strides, dilations, channels_last)
         tangent = along if tangent is None else tangent + along
