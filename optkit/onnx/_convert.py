@@ -30,6 +30,8 @@ from optkit._src.graph.analysis import StepBudget
 from optkit.onnx import _layout
 from optkit.onnx._analysis import Facts, check_gradient_work, read_inside, static_inputs
 from optkit.onnx._errors import RUNS_IN_SEGMENTS, ValueDependentError
+from optkit.onnx._float16 import GraphNames, native
+from optkit.onnx._float16 import planned as float16_planned
 from optkit.onnx._limits import MAX_ANALYSIS_STEPS, MAX_SUBGRAPH_DEPTH, Limits, check_size
 from optkit.onnx._operators import Operators
 from optkit.onnx._ops._registry import GradientRequest, NodeContext, OpSpec
@@ -124,13 +126,17 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     specs: dict[int, OpSpec] = {}
     fused = _fused(g.node, scope.operators)
     layout = None if scope.subgraph else _plan_layout(g, declared, scope)
+    rows = [scope.operators.row(node) for node in g.node]
+    names = GraphNames.of(g.node, [native(normalize_domain(node.domain), node.op_type, version)
+                                   for node, (_, version, _) in zip(g.node, rows)], declared.outputs, read_inside)
     moved: set[str] = set()
     keys: dict[Any, Any] = {}
     added = graph._tensors.nodes  # (the list itself: Graph.nodes copies it)
     for index, node in enumerate(g.node):
         planned = layout if layout and index in layout.nodes else None
         count = len(added)
-        specs[index], node_captures = _add_node(graph, node, index, inner, fused.get(index, ()), planned, moved)
+        specs[index], node_captures = _add_node(graph, node, index, inner, fused.get(index, ()), planned, moved,
+                                                names)
         if not node_captures:  # (the nodes of a planned node: the channels-last move, the node, its ONNX copy)
             key = node_key(node, scope.operators.row(node)[1], fused.get(index, ()))
             if planned is not None:
@@ -193,7 +199,7 @@ def _plan_layout(g: onnx.GraphProto, declared: Any, scope: Scope) -> _layout.Pla
 
 def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope,
               fused_with: tuple[onnx.NodeProto, ...] = (), layout: _layout.Plan | None = None,
-              moved: set[str] | None = None) -> tuple[OpSpec, list[str]]:
+              moved: set[str] | None = None, names: GraphNames | None = None) -> tuple[OpSpec, list[str]]:
     """Build ``node`` from its op-table row and add it to ``graph``; its row, and what its sub-graphs capture.
 
     A node that runs fused with the nodes it reads (``fused_with``, farthest first, its registration's
@@ -201,6 +207,7 @@ def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope,
     and the other inputs of the chain instead.
     A node the channels-last ``layout`` plans is built in both layouts and reads and writes the held tensors
     (``moved``: the tensors not held whose channels-last copies were made so far).
+    ``names``: its graph's names, for ONNX Runtime's float16 plan (:mod:`optkit.onnx._float16`).
     """
     spec, version, schema = scope.operators.row(node)
     domain = normalize_domain(node.domain)
@@ -239,6 +246,9 @@ def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope,
         inputs, outputs = layout.inputs(graph, node, ctx.where, moved), layout.outputs(node)
     extra = list(dict.fromkeys(captures))  # (a captured name that is also a node input comes twice)
     fn = _node_function(built, ctx, spec, schema, len(inputs), extra, scope.limits.max_tensor_bytes)
+    if names is not None:
+        plan = names.plan(node, native(domain, node.op_type, version), schema, inputs + extra, outputs)
+        fn = float16_planned(fn, plan)
     graph.add(fn, inputs=inputs + extra, outputs=outputs, name=name)
     if layout is not None:
         layout.add_onnx_layout(graph, node, ctx.where)

@@ -1,18 +1,14 @@
 """Repeated layers run as one scanned layer: an exported model's identical blocks as ``jax.lax.scan``.
 
-An ONNX file spells every layer of a deep model out, so XLA compiles each one
-separately, and compile time grows with depth. Language models and many CNNs
-repeat one block with the same shapes; only the weights differ. T5X and
-MaxText write such models with their layers scanned (``scan_layers``); this
-module finds the repeated blocks in a converted graph and runs each run of
-them as one ``jax.lax.scan`` over the per-layer weights, stacked inside the
+An ONNX file spells every layer of a deep model out, so XLA compiles each one separately, and compile time grows
+with depth. Language models and many CNNs repeat one block with the same shapes; only the weights differ. T5X and
+MaxText write such models with their layers scanned (``scan_layers``); this module finds the repeated blocks in a
+converted graph and runs each run of them as one ``jax.lax.scan`` over the per-layer weights, stacked inside the
 traced function (``params`` keep every initializer's own name and shape).
 
-A *run* is a maximal stretch of the graph's nodes (in dependency order) that is
-periodic: node ``i`` and node ``i + L`` have the same structural key (operator,
-domain, opset, attributes; :func:`node_key`), cut into ``n >= 2`` blocks of
-``L`` nodes whose data flow is the same in every block. Each input slot of a
-block node reads one of:
+A *run* is a maximal stretch of the graph's nodes (in dependency order) that is periodic: node ``i`` and node
+``i + L`` have the same structural key (operator, domain, opset, attributes; :func:`node_key`), cut into ``n >= 2``
+blocks of ``L`` nodes whose data flow is the same in every block. Each input slot of a block node reads one of:
 
 - a tensor of the same block (the same position in every block);
 - a tensor of the block before (the *carry*: the hidden state; block 0 reads
@@ -22,15 +18,14 @@ block node reads one of:
 - a different tensor per block from before the run (a *layer* input: the
   weights), stacked.
 
-Outputs that nodes after the run (or the graph's outputs) read are the scan's
-stacked outputs (per-layer KV caches). A stretch that fails one of these rules
-is not scanned; a run whose trace fails under the scan (a per-layer value an
-operator needs before running, a carry whose type changes) runs unrolled, the
-cause logged once on the ``optkit.onnx`` logger.
+Outputs that nodes after the run (or the graph's outputs) read are the scan's stacked outputs (per-layer KV caches).
+A stretch that fails one of these rules is not scanned; a run whose trace fails under the scan (a per-layer value an
+operator needs before running, a carry whose type changes) runs unrolled, the cause logged once on the ``optkit.onnx``
+logger.
 
-Random operators draw from the same per-node streams as unrolled (the per-layer
-node name is scanned along, see :func:`optkit.onnx._tracing.node_streams`), so
-outputs and gradients are the unrolled form's to rounding.
+Random operators draw from the same per-node streams as unrolled (the per-layer node name is scanned along, see
+:func:`optkit.onnx._tracing.node_streams`), so outputs and gradients are the unrolled form's to rounding; so does a
+float16 model's plan (:mod:`optkit.onnx._float16`: a first block whose carry is float16 runs unrolled).
 """
 
 from __future__ import annotations
@@ -47,6 +42,7 @@ import numpy as np
 
 from optkit import Graph
 from optkit._src.graph.nodes import GraphNode
+from optkit.onnx._float16 import WideCarry, needs_first_block
 from optkit.onnx._ops._common import sharded_like
 from optkit.onnx._tracing import node_streams, random_key_active
 
@@ -326,6 +322,9 @@ def evaluate(graph: Graph, layers: Layers, feeds: Mapping[str, Any], outputs: Se
         done.add(r)
         run = layers.runs[r]
         for start, stop in _same_shapes(run, env):  # (a stage's blocks of other widths: scanned apart)
+            if stop - start >= 2 and needs_first_block(env, run.part(start, stop).initial):
+                runner.run([n for n in run.blocks[start] if n in set(plan)], env)  # (optkit.onnx._float16)
+                start += 1
             part = run.part(start, stop)
             try:
                 if stop - start < 2:
@@ -376,7 +375,7 @@ def _equal_constants(values: list) -> bool:
 def _scanned(run: Run, env: Mapping[str, Any], remat: bool) -> dict[str, Any]:
     """The run's outputs (every tensor read after it), computed by one ``jax.lax.scan``."""
     blocks, count = run.blocks, len(run.blocks)
-    init = tuple(env[name] for name in run.initial)
+    carried = WideCarry([env[name] for name in run.initial], run.initial)  # (optkit.onnx._float16)
     invariant: dict[int, Any] = {}  # a per-layer input whose values are equal NumPy constants stays static
     stacked: list[Any] = []
     stacked_index: dict[int, int] = {}
@@ -404,6 +403,7 @@ def _scanned(run: Run, env: Mapping[str, Any], remat: bool) -> dict[str, Any]:
 
     def body(carry, xs):
         layer, salt = xs
+        carry = carried.unpack(carry)
         produced: list[tuple] = []
         streams = None if salt is None else {node.name: salt[p] for p, node in enumerate(first)}
         with node_streams(streams):
@@ -424,11 +424,13 @@ def _scanned(run: Run, env: Mapping[str, Any], remat: bool) -> dict[str, Any]:
                         values.append(None)
                 produced.append(tuple(node(values)))
         new = tuple(_like(produced[q][o], old) for (q, o), old in zip(run.carry, carry, strict=True))
+        new = carried.pack(new, [first[q].outputs[o] for q, o in run.carry], _like)
         return new, tuple(produced[q][o] for q, o in run.stacked_outputs)
 
     if remat:
         body = jax.checkpoint(body)
-    final, ys = jax.lax.scan(body, init, (tuple(stacked), salts), length=count)
+    final, ys = jax.lax.scan(body, carried.init, (tuple(stacked), salts), length=count)
+    final = carried.unpack(final, [blocks[-1][q].outputs[o] for q, o in run.carry])
     out: dict[str, Any] = {}
     for (q, o), values in zip(run.stacked_outputs, ys, strict=True):
         for k, block in enumerate(blocks):

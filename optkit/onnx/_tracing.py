@@ -16,8 +16,8 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["as_key", "index_checks", "index_checks_active", "node_stream", "node_streams", "random_key",
-           "random_key_active", "tracing"]
+__all__ = ["as_key", "float16_shadows", "index_checks", "index_checks_active", "node_stream", "node_streams",
+           "random_key", "random_key_active", "tracing"]
 
 # The 64-bit types JAX narrows with 64-bit mode off (the documented dtype policy: not warned per node).
 _TRUNCATED = r"Explicitly requested dtype (int64|uint64|float64|complex128) requested in .* is not available"
@@ -72,12 +72,22 @@ def node_stream(name: str) -> Any:
     return zlib.crc32(name.encode()) & 0x7FFFFFFF
 
 
+# While a graph is traced, ONNX Runtime's float16 plan (optkit.onnx._float16): {id(a float16 value): (the value, the
+# float32 value it rounds, whether a node moved to float32 made it)}. None outside a trace: no plan.
+_FLOAT16_SHADOWS = contextvars.ContextVar("optkit_onnx_float16_shadows", default=None)
+
+
+def float16_shadows() -> dict | None:
+    """The float32 values kept beside the float16 values of the graph being traced, or None outside a trace."""
+    return _FLOAT16_SHADOWS.get()
+
+
 @contextlib.contextmanager
 def tracing(*, checks: bool = False, key: Any = None):
-    """The trace-time options of one graph trace (:func:`index_checks`, :func:`random_key`), and ONNX's 64-bit
-    types run narrower with 64-bit mode off left unwarned per node (the documented policy, not a surprise at every
-    node)."""
-    with index_checks(checks), random_key(key), warnings.catch_warnings():
+    """The trace-time options of one graph trace (:func:`index_checks`, :func:`random_key`, a fresh table of
+    :func:`float16_shadows`), and ONNX's 64-bit types run narrower with 64-bit mode off left unwarned per node (the
+    documented policy, not a surprise at every node)."""
+    with index_checks(checks), random_key(key), _set(_FLOAT16_SHADOWS, {}), warnings.catch_warnings():
         warnings.filterwarnings("ignore", _TRUNCATED, UserWarning)
         yield
 

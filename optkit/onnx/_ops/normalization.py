@@ -131,6 +131,12 @@ def _layer_normalization(ctx):
         mean = jnp.mean(xs, axis=axes, keepdims=True)
         var = jnp.mean(jnp.square(xs - mean), axis=axes, keepdims=True)
         inv_std = lax.rsqrt(var + jnp.asarray(eps, stash))
+        if jnp.finfo(dtype).bits < jnp.finfo(stash).bits:
+            # float16 as ONNX Runtime's CPU kernel computes it: scale and bias in the stash type, rounded once
+            # (ONNX's function body rounds the normalized value first)
+            y = (xs - mean) * inv_std * jnp.asarray(scale).astype(stash)
+            y = (y if bias is None else y + jnp.asarray(bias).astype(stash)).astype(dtype)
+            return y, mean, inv_std
         y = ((xs - mean) * inv_std).astype(dtype) * scale
         if bias is not None:
             y = y + bias
