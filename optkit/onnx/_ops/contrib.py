@@ -81,9 +81,14 @@ def _bias_add(ctx):
 
 
 def _skip_sum(ctx, x, skip, bias):
+    """``x + skip (+ bias)`` in the statistics' dtype (float32 for 16-bit inputs, summed and rounded once, as
+    ONNX Runtime's CPU kernels sum them), and that sum in ``x``'s dtype (the ``input_skip_bias_sum`` output)."""
     if jnp.shape(skip) != jnp.shape(x) and jnp.broadcast_shapes(jnp.shape(skip), jnp.shape(x)) != jnp.shape(x):
         raise ctx.error(f"skip {jnp.shape(skip)} must broadcast to the input's shape {jnp.shape(x)}")
-    return _add_bias(ctx, x + skip, bias)
+    stats = _stats_dtype(x)
+    wide = [None if v is None else jnp.asarray(v).astype(stats) for v in (x, skip, bias)]
+    total = _add_bias(ctx, wide[0] + wide[1], wide[2])
+    return total, total.astype(jnp.result_type(x))
 
 
 def _stats_dtype(x):
@@ -98,9 +103,8 @@ def _skip_layer_normalization(ctx):
     eps = float(ctx.attrs.get("epsilon", _SKIP_EPSILON))
 
     def skip_layer_normalization(x, skip, gamma, beta=None, bias=None):
-        s = _skip_sum(ctx, x, skip, bias)
+        xs, s = _skip_sum(ctx, x, skip, bias)
         stats = _stats_dtype(x)
-        xs = s.astype(stats)
         mean = jnp.mean(xs, axis=-1, keepdims=True)
         inv_std = lax.rsqrt(jnp.mean(jnp.square(xs - mean), axis=-1, keepdims=True) + jnp.asarray(eps, stats))
         y = (xs - mean) * inv_std * jnp.asarray(gamma).astype(stats)
@@ -139,9 +143,8 @@ def _skip_simplified_layer_normalization(ctx):
     eps = float(ctx.attrs.get("epsilon", _SKIP_EPSILON))
 
     def skip_simplified_layer_normalization(x, skip, gamma, bias=None):
-        s = _skip_sum(ctx, x, skip, bias)
+        xs, s = _skip_sum(ctx, x, skip, bias)
         stats = _stats_dtype(x)
-        xs = s.astype(stats)
         inv_rms = lax.rsqrt(jnp.mean(jnp.square(xs), axis=-1, keepdims=True) + jnp.asarray(eps, stats))
         y = xs * inv_rms * jnp.asarray(gamma).astype(stats)
         return y.astype(jnp.result_type(x)), jnp.zeros_like(inv_rms), inv_rms, s
