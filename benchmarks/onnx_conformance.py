@@ -54,10 +54,6 @@ SKIPPED = {
         "ONNX's runner cannot compare its output: a sequence whose first tensor is 0-d, which the runner's "
         "comparison takes the length of (TypeError in onnx 1.23's assert_similar_outputs, whatever the backend "
         "returns); optkit's output equals the expected one (tests/onnx/test_sequences.py runs this model)",
-    r"^test_attention_4d_causal_fp16_expanded_cpu$":
-        "a float16 attention whose expected values carry float16 arithmetic inside its softmax: optkit computes "
-        "a 16-bit softmax in float32 and rounds once, as ONNX Runtime does, and both miss two of the 192 "
-        "expected values by one float16 step (4.9e-4, against rtol 1e-3 at 0.47)",
 }
 
 
