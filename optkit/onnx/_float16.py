@@ -58,6 +58,10 @@ NATIVE: Mapping[tuple[str, str], tuple[tuple[int, int], ...]] = {
         "SparseAttention", "UnfoldTensor", "VarlenCausalConvWithState")},
 }
 
+# ai.onnx operators whose outputs are elements of their first input (all outputs of its dtype).
+_MOVES_DATA = frozenset({"Compress", "Concat", "DynamicSlice", "Expand", "Flatten", "Gather", "GatherElements",
+                         "GatherND", "Identity", "Reshape", "ReverseSequence", "Slice", "Split", "Squeeze",
+                         "Transpose", "Unsqueeze"})
 _FLOAT16 = np.dtype(np.float16)
 _FLOAT32 = np.dtype(np.float32)
 
@@ -85,6 +89,8 @@ class NodePlan:
       read_by_cast: a ``Cast`` node whose output a ``Cast`` to a type wider than float16 reads (ONNX Runtime then
         keeps the rounding of a ``Cast`` to float16 for every reader).
       inputs, outputs: the names the node's function reads and writes.
+      moves_data: an ai.onnx operator that only moves its first input's elements (:data:`_MOVES_DATA`): its
+        outputs have that input's dtype (found without tracing it again).
       typed: it has an attribute naming an output type (``dtype``, ``to``, ``output_dtype``).
     """
 
@@ -100,6 +106,7 @@ class NodePlan:
     read_by_cast: bool = False
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    moves_data: bool = False
 
 
 def _is_float16(value: Any) -> bool:
@@ -238,7 +245,8 @@ def _isolated(shadows: dict, fn: Callable[..., Any], plan: NodePlan, values: Seq
             found = _shadow(shadows, values[i], plan.inputs[i])
             if found is None or not found[1]:
                 return False
-    declared = _output_dtypes(fn, values)
+    declared = [_FLOAT16] * len(plan.outputs) if plan.moves_data and _is_float16(values[0]) else _output_dtypes(
+        fn, values)
     fp16 = [i for i, dtype in enumerate(declared) if i < len(plan.outputs_counted) and plan.outputs_counted[i]
             and dtype == _FLOAT16]
     return bool(fp16) and all(plan.outputs_to_float32[i] for i in fp16)
@@ -317,6 +325,7 @@ class GraphNames:
             read_by_cast=any(name in self.cast_inputs for name in outputs),
             inputs=tuple(inputs),
             outputs=tuple(outputs),
+            moves_data=node.domain in ("", "ai.onnx") and node.op_type in _MOVES_DATA,
             typed=bool({"dtype", "to", "output_dtype", "output_datatype"} & set(attributes)),
         )
 
