@@ -9,8 +9,10 @@ and the same step on ``optkit.onnx.to_jax``'s ``apply_fn`` under ``jax.jit`` (``
 ``optkit.adam``, parameters and state donated) with ``scan_layers=True`` (the repeated layers as one
 ``jax.lax.scan``) and ``scan_layers=False`` (unrolled), each in a fresh process. The first step (after the
 imports and ``to_jax``) is the trace, XLA's compile and the run; the steady step is a median over ``--repeats``
-runs. Outputs of both forms are checked against ONNX Runtime's. Needs torch, transformers and onnxruntime (not
-optkit dependencies); about two minutes a row on 2 cores.
+runs. Outputs of both forms are checked against ONNX Runtime's. Under each scanned row: what stacking the trained
+per-layer weights (and one more pass over the stacked bytes, the gradients' way back) costs, timed apart, as a
+share of the scanned step. Needs torch, transformers and onnxruntime (not optkit dependencies); about two minutes
+a row on 2 cores.
 """
 
 from __future__ import annotations
@@ -128,9 +130,24 @@ for _ in range(repeats):
     times.append(time.perf_counter() - t)
 np.testing.assert_allclose(np.asarray(apply_fn(initial, feed)), data["expected"], rtol=1e-4, atol=1e-4)
 name = "scan" if scan else "unrolled"
-print(json.dumps({name + "_first_s": done - first, name + "_load_s": loaded - start,
-                  name + "_step_s": statistics.median(times),
-                  name + "_runs": [r.describe() for r in apply_fn._layers.runs] if apply_fn._layers else []}))
+row = {name + "_first_s": done - first, name + "_load_s": loaded - start, name + "_step_s": statistics.median(times),
+       name + "_runs": [r.describe() for r in apply_fn._layers.runs] if apply_fn._layers else []}
+if scan and apply_fn._layers:
+    # What stacking the trained per-layer weights costs inside a step: the stack, and one more pass over the
+    # stacked bytes for the gradients' way back (a jitted function of its own, timed as the step).
+    groups = [names for run in apply_fn._layers.runs for names in run.layer_names
+              if all(n in carry[0] for n in names)]
+    weights = {n: carry[0][n] for names in groups for n in names}
+    restack = jax.jit(lambda w: [jnp.stack([w[n] for n in names]) * 1.0 for names in groups])
+    jax.block_until_ready(restack(weights))
+    stack_times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(restack(weights))
+        stack_times.append(time.perf_counter() - t)
+    row.update(scan_stack_s=statistics.median(stack_times),
+               scan_stacked_bytes=int(sum(v.size * v.dtype.itemsize for v in weights.values())))
+print(json.dumps(row))
 """
 
 
@@ -160,6 +177,10 @@ def main(argv=None) -> None:
                       flush=True)
                 if not r["scan_runs"]:
                     print(f"  (no repeated layers found in {family}/{exporter}/{layers})", flush=True)
+                else:
+                    print(f"  (stacking the scanned runs' trained weights, {r['scan_stacked_bytes'] / 2**20:.1f} MiB, "
+                          f"and one more pass over them: {r['scan_stack_s'] * 1e3:.2f} ms, "
+                          f"{r['scan_stack_s'] / r['scan_step_s']:.1%} of the scanned step)", flush=True)
 
 
 if __name__ == "__main__":
