@@ -88,6 +88,8 @@ class NodePlan:
       cast_to: a ``Cast`` node's ``to`` as a NumPy dtype; None for any other node.
       read_by_cast: a ``Cast`` node whose output a ``Cast`` to a type wider than float16 reads (ONNX Runtime then
         keeps the rounding of a ``Cast`` to float16 for every reader).
+      reads_unrounded: a ``Cast`` whose input only ``Cast`` nodes and nodes without a float16 kernel read, and
+        that is not a graph output (a float32 node's result is then cast from its float32 value).
       inputs, outputs: the names the node's function reads and writes.
       moves_data: an ai.onnx operator that only moves its first input's elements (:data:`_MOVES_DATA`): its
         outputs have that input's dtype (found without tracing it again).
@@ -104,6 +106,7 @@ class NodePlan:
     cast_to: np.dtype | None = None
     typed: bool = False
     read_by_cast: bool = False
+    reads_unrounded: bool = False
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
     moves_data: bool = False
@@ -214,13 +217,17 @@ def planned(fn: Callable[..., Any], plan: NodePlan) -> Callable[..., Any]:
 
 def _cast(shadows: dict, fn: Callable[..., Any], plan: NodePlan, values: Sequence[Any]) -> Any:
     """A ``Cast``: to float32 from a value a float32 node computed, its float32 value (ONNX Runtime removes the
-    narrowing and widening casts between them) unless the result is a graph output; to float16 from float32, the
+    narrowing and widening casts between them) unless the result is a graph output; to another type, the float32
+    value cast when every reader of that value is a ``Cast`` or a float32 node (ONNX Runtime then removes the
+    rounding) and it is not a graph output; to float16 from float32, the
     rounded value with its float32 source beside it (the float32 nodes reading it read the source); from float16
     to float16, the value with its float32 value still beside it."""
     value = values[0]
     found = _shadow(shadows, value, plan.inputs[0]) if _is_float16(value) else None
     if plan.cast_to == _FLOAT32 and found is not None and found[1] and not plan.graph_output:
         return found[0]
+    if found is not None and found[1] and plan.cast_to != _FLOAT16 and plan.reads_unrounded:
+        return fn(found[0], *values[1:])  # (no reader needs the rounding: ONNX Runtime removes it)
     out = fn(*values)
     if plan.cast_to == _FLOAT16 and found is not None:
         _keep(shadows, out, found[0], found[1], plan.outputs[0])
@@ -285,20 +292,24 @@ class GraphNames:
     outputs: frozenset[str]
     to_float32: frozenset[str]
     cast_inputs: frozenset[str] = frozenset()
+    unrounded: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, nodes: Sequence[onnx.NodeProto], natives: Sequence[bool], outputs: Sequence[str],
            read_inside: Callable[[onnx.NodeProto], Any]) -> GraphNames:
         """``natives``: per node, :func:`native`; ``read_inside``: the enclosing names a node's sub-graphs read."""
         readers: dict[str, list[bool]] = {}
+        casts: dict[str, list[bool]] = {}
         for node, is_native in zip(nodes, natives):
             for name in {*node.input, *read_inside(node)} - {""}:
                 readers.setdefault(name, []).append(is_native)
+                casts.setdefault(name, []).append(node.op_type == "Cast" or not is_native)
         computed = frozenset(out for node in nodes for out in node.output if out)
         return cls(computed, frozenset(outputs),
                    frozenset(name for name in computed if not any(readers.get(name, ()))),
                    frozenset(node.input[0] for node in nodes if node.op_type == "Cast" and node.input
-                             and _widening(node)))
+                             and _widening(node)),
+                   frozenset(name for name in computed if all(casts.get(name, ())) and name not in outputs))
 
     def plan(self, node: onnx.NodeProto, is_native: bool, schema: Any, inputs: Sequence[str],
              outputs: Sequence[str]) -> NodePlan:
@@ -323,6 +334,7 @@ class GraphNames:
             graph_output=any(name in self.outputs for name in outputs),
             cast_to=cast_to,
             read_by_cast=any(name in self.cast_inputs for name in outputs),
+            reads_unrounded=cast_to is not None and bool(inputs) and inputs[0] in self.unrounded,
             inputs=tuple(inputs),
             outputs=tuple(outputs),
             moves_data=node.domain in ("", "ai.onnx") and node.op_type in _MOVES_DATA,

@@ -115,6 +115,14 @@ _RULES = {  # name: (nodes, outputs, whether rounding each node to float16 gives
     "cast to float16 again": ([helper.make_node("Add", ["a", "b"], ["s"]),
                                helper.make_node("Cast", ["s"], ["h"], to=_F16),
                                helper.make_node("Mul", ["h", "b"], ["y"])], [("y", None)], True),
+    # a Cast to another type of a float32 node's result that only Casts read is cast from the float32 value
+    "cast to float64": ([helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Cast", ["s"], ["d"], to=11)],
+                        [("d", onnx.TensorProto.DOUBLE)], True),
+    # ... but not when a float16 kernel reads it too (the rounding stays for every reader)
+    "cast to float64, read by a float16 node": ([helper.make_node("Add", ["a", "b"], ["s"]),
+                                                 helper.make_node("Cast", ["s"], ["d"], to=11),
+                                                 helper.make_node("Transpose", ["s"], ["t"], perm=[1, 0])],
+                                                [("d", onnx.TensorProto.DOUBLE), ("t", None)], False),
     # a variadic Concat between float32 nodes (its first input from one) runs in float32
     "concat": ([helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Concat", ["s", "c"], ["k"], axis=0),
                 helper.make_node("Mul", ["k", "k"], ["y"])], [("y", None)], True),
@@ -125,7 +133,8 @@ _RULES = {  # name: (nodes, outputs, whether rounding each node to float16 gives
 }
 
 
-@pytest.mark.parametrize("rule", sorted(_RULES))
+@pytest.mark.parametrize("rule", [pytest.param(name, marks=[pytest.mark.x64] if "float64" in name else [])
+                                  for name in sorted(_RULES)])
 def test_each_rule_of_onnx_runtimes_float16_plan_gives_its_values_bit_for_bit(rule):
     """Small graphs of exactly rounded float32 operations (Add, Mul, Sub, Reshape, Cast...), on float16 values with
     full mantissas so that every float16 rounding shows: optkit gives ONNX Runtime's values bit for bit, jitted and
