@@ -138,7 +138,7 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
         specs[index], node_captures = _add_node(graph, node, index, inner, fused.get(index, ()), planned, moved,
                                                 names)
         if not node_captures:  # (the nodes of a planned node: the channels-last move, the node, its ONNX copy)
-            key = node_key(node, scope.operators.row(node)[1], fused.get(index, ()))
+            key = node_key(node, rows[index][1], fused.get(index, ()))
             if planned is not None:
                 key += (planned.signature(node),)
             for part in range(count, len(added)):

@@ -308,6 +308,7 @@ def evaluate(graph: Graph, layers: Layers, feeds: Mapping[str, Any], outputs: Se
     env = dict(graph.initializers)
     env.update(feeds)
     plan = runner.plan(names, frozenset(env))
+    wanted = set(plan)
     done: set[int] = set()
     pending: list = []
     for node in plan:
@@ -323,7 +324,7 @@ def evaluate(graph: Graph, layers: Layers, feeds: Mapping[str, Any], outputs: Se
         run = layers.runs[r]
         for start, stop in _same_shapes(run, env):  # (a stage's blocks of other widths: scanned apart)
             if stop - start >= 2 and needs_first_block(env, run.part(start, stop).initial):
-                runner.run([n for n in run.blocks[start] if n in set(plan)], env)  # (optkit.onnx._float16)
+                runner.run([n for n in run.blocks[start] if n in wanted], env)  # (optkit.onnx._float16)
                 start += 1
             part = run.part(start, stop)
             try:
@@ -335,7 +336,6 @@ def evaluate(graph: Graph, layers: Layers, feeds: Mapping[str, Any], outputs: Se
                     layers.unrolled.add(r)
                     _log.info("runs unrolled: %s, because %s: %s", part.describe(), type(err).__name__,
                               str(err).splitlines()[0] if str(err) else "")
-                wanted = set(plan)
                 runner.run([n for block in part.blocks for n in block if n in wanted], env)
     runner.run(pending, env)
     return {name: env[name] for name in names}
