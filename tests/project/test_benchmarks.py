@@ -5,6 +5,8 @@ RESULTS table is made of.
 """
 
 import json
+import os
+import pathlib
 
 import pytest
 
@@ -41,6 +43,43 @@ def test_quick_run_writes_json_with_every_column(tmp_path, capsys):
     assert all(c["hlo_bytes_per_param"] >= 28 for c in one_leaf if "hlo_bytes_per_param" in c)
     many = {c["label"]: c for c in results["cases"][1]["candidates"]}
     assert many["optkit.adam FlatParams"]["hlo_kernels"] < many["optkit.adam per leaf"]["hlo_kernels"]
+
+
+
+def test_the_suite_time_plugin_counts_each_tests_compiles(tmp_path):
+    """benchmarks.suite_time, loaded into a pytest run of two tests: the jitted one is recorded with its two XLA
+    programs (one per input shape) and their compile time, the NumPy one with none; the report sums them."""
+    import subprocess
+    import sys
+
+    from benchmarks import suite_time
+
+    (tmp_path / "test_two.py").write_text(
+        "import jax, jax.numpy as jnp, numpy as np\n"
+        "def test_jitted():\n"
+        "    f = jax.jit(lambda x: jnp.tanh(x) * 2)\n"
+        "    x3, x4 = np.ones(3, np.float32), np.ones(4, np.float32)\n"
+        "    f(x3).block_until_ready(); f(x4).block_until_ready(); f(x3).block_until_ready()\n"
+        "def test_numpy():\n"
+        "    assert np.ones(3).sum() == 3\n")
+    records = tmp_path / "records"
+    root = pathlib.Path(suite_time.__file__).resolve().parent.parent
+    env = {**os.environ, "OPTKIT_SUITE_TIME_DIR": str(records), "PYTHONPATH": str(root)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                             "-p", "benchmarks.suite_time", str(tmp_path / "test_two.py")],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    got = {record["test"].split("::")[1]: record for record in suite_time.read(records)}
+    assert set(got) == {"test_jitted", "test_numpy"}
+    assert got["test_jitted"]["compile_n"] == 2 and got["test_jitted"]["compile"] > 0
+    assert got["test_jitted"]["trace"] > 0 and got["test_jitted"]["lower"] > 0
+    assert got["test_numpy"]["compile_n"] == 0 and got["test_numpy"]["compile"] == 0
+    assert all(record["wall"] >= record["compile"] for record in got.values())
+    text = suite_time.report(suite_time.read(records))
+    assert text.startswith("2 tests:") and "2 programs" in text and "test_two.py" in text
+    with pytest.raises(ValueError, match="no records"):
+        suite_time.report(suite_time.read(tmp_path / "nothing"))
 
 
 # Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').

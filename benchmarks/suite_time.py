@@ -1,0 +1,134 @@
+"""Where the test suite's time goes: a pytest plugin that records each test's JAX work, and its report.
+
+Record (the README's test command, with the plugin loaded in every xdist worker)::
+
+    python -m pytest -n 2 tests -p benchmarks.suite_time
+    python -m benchmarks.suite_time            # the tables, from benchmarks/out/suite_time/
+
+The plugin appends one JSON line per test to ``<dir>/<pid>.jsonl`` (``OPTKIT_SUITE_TIME_DIR``, default
+``benchmarks/out/suite_time``; the report reads every file there, so empty it between runs): the test's
+wall-clock and CPU seconds in its own process, and the seconds JAX reports through ``jax.monitoring`` for
+XLA's backend compile (and how many programs), tracing to a jaxpr, lowering to StableHLO, and reads from the
+persistent compilation cache. Work done in a child process the test starts (a docs block, the 8-device child)
+counts as the test's wall time only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import pathlib
+import sys
+import time
+
+import pytest
+
+from benchmarks._timing import markdown_table
+
+DEFAULT_DIR = pathlib.Path(__file__).resolve().parent / "out" / "suite_time"
+_DIR_ENV = "OPTKIT_SUITE_TIME_DIR"
+# jax.monitoring's duration events, by the column they fill.
+EVENTS = {
+    "compile": "/jax/core/compile/backend_compile_duration",
+    "trace": "/jax/core/compile/jaxpr_trace_duration",
+    "lower": "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "cache_read": "/jax/compilation_cache/cache_retrieval_time_sec",
+}
+_COLUMNS = {event: column for column, event in EVENTS.items()}
+_current: collections.Counter = collections.Counter()
+
+
+def _listen(event: str, duration: float, **_) -> None:
+    column = _COLUMNS.get(event)
+    if column is not None:
+        _current[column] += duration
+        _current[f"{column}_n"] += 1
+
+
+def pytest_configure(config) -> None:
+    """Start listening to JAX's compile events in this pytest process (each xdist worker loads the plugin)."""
+    import jax.monitoring
+
+    jax.monitoring.register_event_duration_secs_listener(_listen)
+
+
+def _record_file() -> pathlib.Path:
+    folder = pathlib.Path(os.environ.get(_DIR_ENV) or DEFAULT_DIR)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{os.getpid()}.jsonl"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Time one test (setup, call and teardown) and append its record."""
+    _current.clear()
+    start, cpu = time.perf_counter(), time.process_time()
+    yield
+    record = {"test": item.nodeid, "wall": time.perf_counter() - start, "cpu": time.process_time() - cpu,
+              **_current}
+    with open(_record_file(), "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read(folder: pathlib.Path) -> list[dict]:
+    """Every record under ``folder`` (one dict per test; missing columns are 0)."""
+    records = []
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                records.append(collections.defaultdict(float, json.loads(line)))
+    return records
+
+
+def by_module(records: list[dict]) -> list[dict]:
+    """The records summed per test module, largest wall time first."""
+    sums: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for record in records:
+        module = record["test"].split("::", 1)[0]
+        sums[module]["tests"] += 1
+        for key in ("wall", "cpu", *EVENTS, "compile_n"):
+            sums[module][key] += record[key]
+    return sorted(({"module": module, **totals} for module, totals in sums.items()), key=lambda row: -row["wall"])
+
+
+def report(records: list[dict], top: int = 15) -> str:
+    """Markdown: the totals, the ``top`` modules by wall time, and the ``top`` tests."""
+    if not records:
+        raise ValueError("no records: run the tests with -p benchmarks.suite_time first")
+    total = collections.Counter()
+    for record in records:
+        for key in ("wall", "cpu", *EVENTS, "compile_n", "cache_read_n"):
+            total[key] += record[key]
+    lines = [f"{len(records)} tests: {total['wall']:.0f} s of test time summed over the workers, "
+             f"{total['cpu']:.0f} s of CPU in the test processes, of which XLA's compile {total['compile']:.0f} s "
+             f"({total['compile_n']:.0f} programs; {total['cache_read_n']:.0f} read back from the persistent cache "
+             f"instead), tracing {total['trace']:.0f} s and lowering {total['lower']:.0f} s.", ""]
+    rows = [[row["module"], row["tests"], f"{row['wall']:.0f}", f"{row['cpu']:.0f}", f"{row['compile']:.0f}",
+             f"{row['compile_n']:.0f}", f"{row['trace']:.0f}", f"{row['lower']:.0f}"]
+            for row in by_module(records)[:top]]
+    lines.append(markdown_table(["module", "tests", "wall s", "CPU s", "compile s", "programs", "trace s",
+                                 "lower s"], rows))
+    lines.append("")
+    slowest = sorted(records, key=lambda record: -record["wall"])[:top]
+    lines.append(markdown_table(["test", "wall s", "compile s", "programs"],
+                                [[record["test"], f"{record['wall']:.1f}", f"{record['compile']:.1f}",
+                                  f"{record['compile_n']:.0f}"] for record in slowest]))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="Report where a recorded test run's time went.")
+    parser.add_argument("folder", nargs="?", type=pathlib.Path, default=DEFAULT_DIR,
+                        help=f"the plugin's records (default {DEFAULT_DIR})")
+    parser.add_argument("--top", type=int, default=15, help="modules and tests to list (default 15)")
+    args = parser.parse_args(argv)
+    try:
+        print(report(read(args.folder), args.top))
+    except ValueError as error:
+        sys.exit(f"suite_time: {error}")
+
+
+if __name__ == "__main__":
+    main()
