@@ -23,6 +23,7 @@ import pathlib
 import sys
 import time
 
+import jax.monitoring
 import pytest
 
 from benchmarks._timing import markdown_table
@@ -49,8 +50,6 @@ def _listen(event: str, duration: float, **_) -> None:
 
 def pytest_configure(config) -> None:
     """Start listening to JAX's compile events in this pytest process (each xdist worker loads the plugin)."""
-    import jax.monitoring
-
     jax.monitoring.register_event_duration_secs_listener(_listen)
 
 
@@ -82,25 +81,29 @@ def read(folder: pathlib.Path) -> list[dict]:
     return records
 
 
+def _summed(records: list[dict], **labels) -> dict:
+    """The records' numbers added up (a column no record has: 0), with ``tests`` their count, and ``labels``."""
+    total: dict = collections.defaultdict(float, tests=len(records), **labels)
+    for record in records:
+        for key, value in record.items():
+            if key != "test":
+                total[key] += value
+    return total
+
+
 def by_module(records: list[dict]) -> list[dict]:
     """The records summed per test module, largest wall time first."""
-    sums: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    modules: dict[str, list[dict]] = collections.defaultdict(list)
     for record in records:
-        module = record["test"].split("::", 1)[0]
-        sums[module]["tests"] += 1
-        for key in ("wall", "cpu", *EVENTS, "compile_n"):
-            sums[module][key] += record[key]
-    return sorted(({"module": module, **totals} for module, totals in sums.items()), key=lambda row: -row["wall"])
+        modules[record["test"].split("::", 1)[0]].append(record)
+    return sorted((_summed(group, module=module) for module, group in modules.items()), key=lambda row: -row["wall"])
 
 
 def report(records: list[dict], top: int = 15) -> str:
     """Markdown: the totals, the ``top`` modules by wall time, and the ``top`` tests."""
     if not records:
         raise ValueError("no records: run the tests with -p benchmarks.suite_time first")
-    total = collections.Counter()
-    for record in records:
-        for key in ("wall", "cpu", *EVENTS, "compile_n", "cache_read_n"):
-            total[key] += record[key]
+    total = _summed(records)
     lines = [f"{len(records)} tests: {total['wall']:.0f} s of test time summed over the workers, "
              f"{total['cpu']:.0f} s of CPU in the test processes, of which XLA's compile {total['compile']:.0f} s "
              f"({total['compile_n']:.0f} programs; {total['cache_read_n']:.0f} read back from the persistent cache "
