@@ -14,12 +14,16 @@ import ast
 import os
 from collections import defaultdict
 
-PACKAGES = ("optkit/_src/adafactor", "optkit/_src/graph", "optkit/onnx/_ops")
+PACKAGES = ("optkit/_src/adafactor", "optkit/_src/graph", "optkit/onnx/_base", "optkit/onnx/_ops",
+            "optkit/onnx/_plans", "optkit/onnx/_load", "optkit/onnx/_run")
+# optkit.onnx's wings, bottom to top: each imports only the wings below it (and optkit's optimizers and Graph);
+# the modules at optkit/onnx's top (the faces: prepare, to_jax, OnnxModule, the command line) sit above them all.
+WINGS = ("optkit/onnx/_base", "optkit/onnx/_ops", "optkit/onnx/_plans", "optkit/onnx/_load", "optkit/onnx/_run")
 
 
-def _unit(path: str) -> str:
+def _unit(path: str, collapse: bool = True) -> str:
     """The box a source file belongs to: its package (collapsed) or its module, without ``.py``."""
-    for package in PACKAGES:
+    for package in PACKAGES if collapse else ():
         if path.startswith(package + "/"):
             return package
     name = path[:-3]
@@ -35,8 +39,9 @@ def _module_path(module: str, root: str) -> str | None:
     return None
 
 
-def import_graph(root: str) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
-    """``(edges, members)``: each unit's imported units, and the module files of each unit."""
+def import_graph(root: str, collapse: bool = True) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
+    """``(edges, members)``: each unit's imported units, and the module files of each unit; with ``collapse``
+    False every module is a unit of its own (the edges between the modules of one package)."""
     edges: dict[str, set[str]] = defaultdict(set)
     members: dict[str, list[str]] = defaultdict(list)
     for directory, _, files in os.walk(os.path.join(root, "optkit")):
@@ -44,7 +49,7 @@ def import_graph(root: str) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
             if not name.endswith(".py"):
                 continue
             path = os.path.relpath(os.path.join(directory, name), root).replace(os.sep, "/")
-            unit = _unit(path)
+            unit = _unit(path, collapse)
             members[unit].append(os.path.basename(path)[:-3])
             tree = ast.parse(open(os.path.join(root, path), encoding="utf-8").read())
             for node in ast.walk(tree):
@@ -56,8 +61,8 @@ def import_graph(root: str) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
                     targets = [_module_path(f"{node.module}.{alias.name}", root) or _module_path(node.module, root)
                                for alias in node.names]
                 for target in targets:
-                    if target is not None and target.startswith("optkit/") and _unit(target) != unit:
-                        edges[unit].add(_unit(target))
+                    if target is not None and target.startswith("optkit/") and _unit(target, collapse) != unit:
+                        edges[unit].add(_unit(target, collapse))
             edges.setdefault(unit, set())
     return dict(edges), dict(members)
 

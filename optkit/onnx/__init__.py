@@ -6,7 +6,7 @@ an ONNX model into an :class:`optkit.Graph` (its Gradient nodes become Graph
 Gradient nodes, SPEC 6; its Adagrad, Adam and Momentum nodes call
 :mod:`optkit.ops`, SPEC 1, 3, 4) and runs it as one jitted JAX function.
 
-One load pipeline, :mod:`optkit.onnx._load`, its stages one module each:
+One load pipeline, :mod:`optkit.onnx._load.pipeline`, its stages one module each:
 ``_files`` (reading a file safely; ``onnx.checker``), ``_operators`` (every
 operator looked up once), ``_functions`` (local functions inlined),
 ``_protos`` (declarations and attributes decoded), ``_convert`` (nodes ->
@@ -63,15 +63,15 @@ except ImportError as _err:
     ) from _err
 
 from optkit.onnx._backend import Backend, BackendRep, prepare, run_model, run_node
+from optkit.onnx._base.errors import TensorTooLargeError, UnsupportedOpError
+from optkit.onnx._base.limits import GRADIENT_DEPTH_CEILING, MAX_GRADIENT_DEPTH, default_max_tensor_bytes
 from optkit.onnx._custom import register_op, unregister_op
-from optkit.onnx._errors import TensorTooLargeError, UnsupportedOpError
-from optkit.onnx._files import ModelSource, load_model
 from optkit.onnx._jax import OnnxFunction, to_jax
-from optkit.onnx._limits import GRADIENT_DEPTH_CEILING, MAX_GRADIENT_DEPTH, default_max_tensor_bytes
-from optkit.onnx._load import to_graph
-from optkit.onnx._lora import LoRA
+from optkit.onnx._load.adapters import LoRA
+from optkit.onnx._load.files import ModelSource, load_model
+from optkit.onnx._load.pipeline import to_graph
+from optkit.onnx._load.protos import InputInfo
 from optkit.onnx._ops import supported_ops
-from optkit.onnx._protos import InputInfo
 from optkit.onnx._training_model import make_training_model, next_feeds, with_initializers
 
 __all__ = [

@@ -21,17 +21,19 @@ import onnx.backend.base
 import onnx.defs
 
 from optkit import Graph
-from optkit.onnx._analysis import Facts
-from optkit.onnx._convert import Converted
-from optkit.onnx._errors import ValueDependentError
-from optkit.onnx._feeds import Feeds, graph_function, holdable, on_device, stack_once, static_key
-from optkit.onnx._files import ModelSource
-from optkit.onnx._limits import Limits, jax_device
-from optkit.onnx._load import load
+from optkit.onnx._base.errors import ValueDependentError
+from optkit.onnx._base.limits import Limits, jax_device
+from optkit.onnx._load.analysis import Facts
+from optkit.onnx._load.convert import Converted
+from optkit.onnx._load.files import ModelSource
+from optkit.onnx._load.pipeline import load
+from optkit.onnx._load.protos import InputInfo, node_model
 from optkit.onnx._ops._common import on_cpu
-from optkit.onnx._protos import InputInfo, node_model
-from optkit.onnx._scan import layers_of
-from optkit.onnx._segments import SegmentedRun
+from optkit.onnx._plans.layers import layers_of
+from optkit.onnx._run.feeds import Feeds
+from optkit.onnx._run.held import held_weights
+from optkit.onnx._run.program import Program, graph_function, static_key
+from optkit.onnx._run.segments import SegmentedRun
 
 __all__ = ["Backend", "BackendRep", "prepare", "run_model", "run_node"]
 
@@ -54,7 +56,7 @@ def _option_accepted() -> bool:
 
 
 def compiler_options(facts: Facts | None, device: Any) -> dict[str, Any] | None:
-    """XLA options for a loaded model's graph (its :class:`~optkit.onnx._analysis.Facts`) compiled for ``device``
+    """XLA options for a loaded model's graph (its :class:`~optkit.onnx._load.analysis.Facts`) compiled for ``device``
     by :class:`BackendRep`: XLA's own convolutions on CPU unless a Gradient node may differentiate a grouped
     convolution; else None. (``to_jax``'s function runs inside the caller's ``jax.jit``, which alone takes
     options.)"""
@@ -135,11 +137,9 @@ class BackendRep(onnx.backend.base.BackendRep):
         # The weights mapped from external data, given to the compiled program as arguments: as constants, XLA
         # would copy their bytes into the program. On the CPU the device array is the mapped file itself (a
         # page-aligned view: jax.device_put makes no copy).
-        held = {name: value for name, value in self.graph.initializers.items()
-                if self._jit and holdable(value) and name not in loaded.static_initializers}
         # A scanned run's per-layer weights stacked once, not inside the program at every call.
-        stacked = stack_once(held, self._layers, lambda value: on_device(value, device))
-        self._held = {**{name: on_device(value, device) for name, value in held.items()}, **stacked}
+        self._held = held_weights(self.graph.initializers, self._layers, loaded.static_initializers,
+                                  device=device) if self._jit else {}
 
     # -------------------------------------------------------------- running
 
@@ -202,9 +202,9 @@ class BackendRep(onnx.backend.base.BackendRep):
             segmented = self._segmented.get(segmented_key)
             if segmented is not None:
                 return self._outputs(segmented.run(feeds), as_numpy)
-            fn = graph_function(self._functions, self.graph, self.outputs, static, dynamic, jit=self._jit,
-                                donate=donated, options=None if traced else self._options, checks=self._checks,
-                                layers=self._layers, held=self._held)
+            fn = graph_function(self._functions, self.graph, self.outputs, static, dynamic, Program(
+                jit=self._jit, donate=donated, options=None if traced else self._options, checks=self._checks,
+                layers=self._layers, held=self._held))
             if not self._jit:
                 # Op by op, NumPy values would be folded as constants: make them JAX arrays.
                 values = jax.tree.map(jnp.asarray, values)

@@ -8,7 +8,7 @@
 - ``run MODEL``: runs it on given or random inputs, times it, compares it with ONNX Runtime (``--compare-ort``)
   and checks its gradient (``--grad``): :mod:`optkit.onnx._cli_run`.
 
-Built on ``argparse``; the model is read through the one load pipeline (:mod:`optkit.onnx._load`).
+Built on ``argparse``; the model is read through the one load pipeline (:mod:`optkit.onnx._load.pipeline`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from optkit.onnx._base.errors import UnsupportedOpError
+from optkit.onnx._base.limits import Limits
+from optkit.onnx._base.walk import nodes_of
 from optkit.onnx._cli_run import add_parser as add_run_parser
 from optkit.onnx._cli_run import run
-from optkit.onnx._errors import UnsupportedOpError
-from optkit.onnx._limits import Limits
-from optkit.onnx._load import load
-from optkit.onnx._operators import nodes_of
+from optkit.onnx._load.pipeline import load
 from optkit.onnx._summary import summary
 
 __all__ = ["main", "summary"]

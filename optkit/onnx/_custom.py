@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from optkit.onnx._base.values import normalize_domain
 from optkit.onnx._ops import TABLE
 from optkit.onnx._ops._registry import NodeContext, OpSpec
-from optkit.onnx._ops._values import normalize_domain
 
 __all__ = ["register_op", "unregister_op"]
 

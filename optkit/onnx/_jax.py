@@ -1,10 +1,10 @@
 """An ONNX model as a pure JAX function and a parameter dict: :func:`to_jax`.
 
-The model goes through the one load pipeline (:mod:`optkit.onnx._load`); its
+The model goes through the one load pipeline (:mod:`optkit.onnx._load.pipeline`); its
 trainable initializers become the parameters, every other initializer stays a
 constant, and :class:`OnnxFunction` runs the converted graph on
 ``(params, *inputs)`` in the caller's 64-bit setting (the dtype policy of
-``optkit/onnx/_feeds.py``: INT64 as int32 with it off), so that it composes
+``optkit/onnx/_run/feeds.py``: INT64 as int32 with it off), so that it composes
 with ``jax.jit``, ``jax.grad``, ``jax.vmap``, Optax and Flax as any JAX
 function does.
 """
@@ -22,16 +22,18 @@ import jax.numpy as jnp
 import numpy as np
 import onnx
 
-from optkit.onnx._convert import Converted
-from optkit.onnx._feeds import Feeds, graph_function, on_device, run_dtype, stack_once
-from optkit.onnx._files import ModelSource
-from optkit.onnx._limits import Limits
-from optkit.onnx._load import load
-from optkit.onnx._lora import LoRA
-from optkit.onnx._protos import InputInfo
-from optkit.onnx._scan import layers_of
+from optkit.onnx._base.limits import Limits
+from optkit.onnx._base.tracing import as_key
+from optkit.onnx._load.adapters import LoRA
+from optkit.onnx._load.convert import Converted
+from optkit.onnx._load.files import ModelSource
+from optkit.onnx._load.pipeline import load
+from optkit.onnx._load.protos import InputInfo
+from optkit.onnx._plans.layers import layers_of
+from optkit.onnx._run.feeds import Feeds, run_dtype
+from optkit.onnx._run.held import held_weights
+from optkit.onnx._run.program import Program, graph_function
 from optkit.onnx._summary import describe
-from optkit.onnx._tracing import as_key
 from optkit.onnx._training_model import select_trainable
 
 __all__ = ["OnnxFunction", "to_jax"]
@@ -96,7 +98,8 @@ class OnnxFunction:
 
     def __init__(self, loaded: Converted, param_specs: Mapping[str, tuple[tuple[int, ...], np.dtype]],
                  outputs: tuple[str, ...], single: bool,
-                 checks: bool = False, scan_layers: bool | None = None, remat_layers: bool = False) -> None:
+                 checks: bool = False, scan_layers: bool | None = None, remat_layers: bool = False,
+                 lora: LoRA | None = None) -> None:
         self.model: onnx.ModelProto | None = loaded.model
         self.inputs: tuple[InputInfo, ...] = loaded.inputs
         self.outputs: tuple[str, ...] = outputs
@@ -109,22 +112,25 @@ class OnnxFunction:
         self._checks = bool(checks)
         self._loaded = loaded
         self._layers = layers_of(loaded, scan_layers, remat_layers)
+        if self._layers:  # a value inside a repeated layer: that run unrolled, so that the value is computed
+            computed = {name: node for node in self._graph.nodes for name in node.outputs if name}
+            self._layers.unrolled.update(self._layers.member[computed[name]] for name in outputs
+                                         if name not in loaded.outputs and computed.get(name) in self._layers.member)
         self._summary: str | None = None
-        self.lora: LoRA | None = None  # set by to_jax(..., lora=...)
-        self.adapters: tuple[str, ...] = ()
-        self._frozen: dict[str, jax.Array] = {}  # set by to_jax(..., lora=...): the frozen base on the device
+        self.lora: LoRA | None = lora
+        self.adapters: tuple[str, ...] = loaded.adapters
+        self._frozen: dict[str, jax.Array] = {}  # with lora: the frozen base on the device
+        if lora is not None:
+            self._hold_frozen()
 
     def _hold_frozen(self, min_bytes: int = 2**20) -> None:
         """Feed the frozen initializers of ``min_bytes`` or more (not trained, not read where a value must be known
         before running) as device arrays made once, instead of NumPy constants of the traced program: with LoRA,
         the base weights. Under a caller's ``jax.jit`` they are then ``jax.Array`` constants, which JAX passes
         as arguments with ``jax_use_simplified_jaxpr_constants`` on, without a copy per call."""
+        # (the per-layer weights of a scanned run stacked once here instead of at every call)
         skip = set(self._specs) | set(self._loaded.static_initializers)
-        held = {name: value for name, value in self._graph.initializers.items()
-                if name not in skip and np.asarray(value).nbytes >= min_bytes}
-        # The per-layer weights of a scanned run, stacked once here instead of at every call.
-        stacked = stack_once(held, self._layers, on_device)
-        self._frozen = {**{name: on_device(value) for name, value in held.items()}, **stacked}
+        self._frozen = held_weights(self._graph.initializers, self._layers, skip, min_bytes=min_bytes)
 
     def __call__(self, params: Mapping[str, Any], *inputs: Any, rng: Any = None) -> Any:
         """Run the model: ``params``, the inputs (positionally or one mapping by name) and, for training-mode
@@ -141,8 +147,7 @@ class OnnxFunction:
         inside = self._checks and any(isinstance(v, jax.core.Tracer) for v in values)
         run = graph_function(self._functions, self._graph, self.outputs, static,
                              (*params, *self._frozen, *dynamic),
-                             checks=self._checks, jit=not inside,
-                             rng=rng is not None, layers=self._layers)
+                             Program(checks=self._checks, jit=not inside, rng=rng is not None, layers=self._layers))
         result = run(*values)
         return result[0] if self._single else result
 
@@ -340,13 +345,5 @@ def to_jax(
                              f"the main graph computes; the outputs are {list(loaded.outputs)}")
     specs = {name: (tuple(np.shape(values[name])), np.asarray(values[name]).dtype) for name in names}
     params = {name: jnp.asarray(values[name], run_dtype(specs[name][1])) for name in names}
-    apply_fn = OnnxFunction(loaded, specs, tuple(chosen), single, checks, scan_layers,
-                            remat_layers)
-    layers = apply_fn._layers
-    if layers:  # a value inside a repeated layer: that run unrolled, so that the value is computed
-        layers.unrolled.update(layers.member[computed[name]] for name in chosen
-                               if name not in loaded.outputs and computed.get(name) in layers.member)
-    apply_fn.lora, apply_fn.adapters = lora, loaded.adapters
-    if lora is not None:
-        apply_fn._hold_frozen()
+    apply_fn = OnnxFunction(loaded, specs, tuple(chosen), single, checks, scan_layers, remat_layers, lora)
     return apply_fn, params

@@ -12,9 +12,9 @@ from flax import nnx
 from flax.core import meta
 from jax.sharding import NamedSharding, PartitionSpec
 
-from optkit.onnx._files import ModelSource
 from optkit.onnx._jax import OnnxFunction, to_jax
-from optkit.onnx._lora import LoRA
+from optkit.onnx._load.adapters import LoRA
+from optkit.onnx._load.files import ModelSource
 
 __all__ = ["OnnxModule"]
 

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from optkit.onnx._limits import Limits
-from optkit.onnx._load import load
-from optkit.onnx._operators import nodes_of
+from optkit.onnx._base.limits import Limits
+from optkit.onnx._base.walk import nodes_of
+from optkit.onnx._load.pipeline import load
 
 __all__ = ["describe", "summary"]
 

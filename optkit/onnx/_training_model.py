@@ -15,10 +15,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from optkit.onnx._limits import Limits
-from optkit.onnx._load import load
-from optkit.onnx._lora import ADAPTER_DOMAIN, LoRA, write_adapters
-from optkit.onnx._ops._values import TRAINING_DOMAIN, normalize_domain
+from optkit.onnx._base.limits import Limits
+from optkit.onnx._base.values import TRAINING_DOMAIN, normalize_domain
+from optkit.onnx._load.adapters import ADAPTER_DOMAIN, LoRA, write_adapters
+from optkit.onnx._load.pipeline import load
 
 __all__ = ["make_training_model", "next_feeds", "select_trainable", "with_initializers"]
 

@@ -26,7 +26,7 @@ import onnx.backend.test  # noqa: E402
 import onnx.backend.test.loader  # noqa: E402
 
 import optkit.onnx  # noqa: E402
-from optkit.onnx._files import ORT_DEFAULT_DOMAIN_OPS  # noqa: E402
+from optkit.onnx._load.files import ORT_DEFAULT_DOMAIN_OPS  # noqa: E402
 
 # ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.
 pytestmark = pytest.mark.x64

@@ -25,7 +25,7 @@ import optax  # noqa: E402
 
 import optkit  # noqa: E402
 import optkit.onnx  # noqa: E402
-from optkit.onnx._errors import ValueDependentError  # noqa: E402
+from optkit.onnx._base.errors import ValueDependentError  # noqa: E402
 
 HERE = pathlib.Path(__file__).parent / "models" / "detectors"
 VERSIONS = json.loads((HERE / "versions.json").read_text())

@@ -1,4 +1,4 @@
-"""The one feed path of both runners (optkit/onnx/_feeds.py): the caller's 64-bit setting decides how ONNX's
+"""The one feed path of both runners (optkit/onnx/_run/feeds.py): the caller's 64-bit setting decides how ONNX's
 INT64 and DOUBLE run, nothing switches it inside a call, and the ordinary sequences users run give ONNX
 Runtime's values with 64-bit mode off and on."""
 

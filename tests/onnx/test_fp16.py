@@ -1,6 +1,6 @@
 """A float16 language model as users export it (a GPT-NeoX from a transformers config, ``model.half()``, torch.onnx's
 dynamo exporter; ``tests/onnx/models/make_fp16.py``), against ONNX Runtime's float16 output and torch's float64
-logits of the same weights; and small graphs for each rule of ONNX Runtime's float16 plan (optkit.onnx._float16).
+logits of the same weights; and small graphs for each rule of ONNX Runtime's float16 plan (optkit.onnx._plans.float16).
 
 ONNX Runtime's CPU provider has no float16 kernel for most operators (Add, Mul, MatMul, Pow, Softmax...): it runs
 them in float32 between inserted Casts, moves a float16 node that sits between such nodes to float32 too, and removes
@@ -256,22 +256,26 @@ def test_each_arithmetic_node_gives_onnx_runtimes_float16_values_on_the_same_inp
     assert checked >= 60, checked
 
 
-def test_the_float16_kernel_table_is_onnx_runtime_132s():
-    """optkit.onnx._float16.NATIVE: the operators ONNX Runtime's CPU provider registers a float16 kernel for (any
-    type constraint allowing tensor(float16)), with their opset ranges, as its kernel registry lists them."""
+def test_the_float16_kernels_the_registrations_declare_are_onnx_runtime_132s():
+    """Each operator's ``float16=`` (optkit.onnx._ops._registry.Float16): at every since_version optkit registers,
+    ONNX Runtime's CPU provider has a float16 kernel (any type constraint allowing tensor(float16)) exactly when
+    the registration declares one, as its kernel registry lists them."""
     if not onnxruntime.__version__.startswith("1.32."):
-        pytest.skip(f"the table is ONNX Runtime 1.32's; this is {onnxruntime.__version__}")
+        pytest.skip(f"the declarations are ONNX Runtime 1.32's; this is {onnxruntime.__version__}")
     from onnxruntime.capi import _pybind_state
 
-    from optkit.onnx._float16 import NATIVE, native
+    from optkit.onnx._ops import TABLE
 
     registered: dict[tuple[str, str], set] = {}
     for kernel in _pybind_state.get_all_opkernel_def():
         if kernel.provider == "CPUExecutionProvider" and any(
                 "tensor(float16)" in types for types in kernel.type_constraints.values()):
             registered.setdefault((kernel.domain or "", kernel.op_name), set()).add(kernel.version_range)
-    registered = {key: ranges for key, ranges in registered.items() if not key[1].startswith("Memcpy")}
-    assert set(registered) == set(NATIVE)
-    for (domain, op), ranges in registered.items():
-        for version in range(1, 30):
-            assert native(domain, op, version) == any(lo <= version <= hi for lo, hi in ranges), (op, version)
+    checked = 0
+    for (domain, op, version), spec in TABLE._rows.items():
+        if domain not in ("", "com.microsoft"):
+            continue
+        ranges = registered.get((domain, op), ())
+        assert spec.float16_native(version) == any(lo <= version <= hi for lo, hi in ranges), (domain, op, version)
+        checked += spec.float16_native(version)
+    assert checked >= 60, checked

@@ -20,7 +20,7 @@ import onnx.shape_inference  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
-from optkit.onnx._files import ORT_DEFAULT_DOMAIN_OPS  # noqa: E402
+from optkit.onnx._load.files import ORT_DEFAULT_DOMAIN_OPS  # noqa: E402
 from tests.onnx.helpers import onnx_info as _info  # noqa: E402
 
 # ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.

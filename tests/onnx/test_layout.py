@@ -1,4 +1,4 @@
-"""Channels-last on CPU (optkit.onnx._layout): a model's convolutions, pools and the element-wise nodes
+"""Channels-last on CPU (optkit.onnx._plans.layout): a model's convolutions, pools and the element-wise nodes
 between them run on (N, D1, ..., C) values, with the layout changed only where the graph reads a tensor
 in ONNX's layout.
 
@@ -19,7 +19,7 @@ import onnx.shape_inference  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
-from optkit.onnx import _layout  # noqa: E402
+from optkit.onnx._plans import layout as _layout  # noqa: E402
 from tests.onnx.helpers import onnx_info, onnx_model  # noqa: E402
 
 # ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.

@@ -15,7 +15,7 @@ import onnx  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
-from optkit.onnx import _tensors  # noqa: E402
+from optkit.onnx._load import tensors as _tensors  # noqa: E402
 
 
 def _model(value=1.0):

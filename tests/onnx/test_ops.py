@@ -20,10 +20,11 @@ import onnx.shape_inference  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
-from optkit.onnx import _protos  # noqa: E402
-from optkit.onnx._errors import ValueDependentError  # noqa: E402
-from optkit.onnx._files import ORT_DEFAULT_DOMAIN_OPS  # noqa: E402
-from optkit.onnx._ops import TABLE, _values  # noqa: E402
+from optkit.onnx._base import values as _values  # noqa: E402
+from optkit.onnx._base.errors import ValueDependentError  # noqa: E402
+from optkit.onnx._load import protos as _protos  # noqa: E402
+from optkit.onnx._load.files import ORT_DEFAULT_DOMAIN_OPS  # noqa: E402
+from optkit.onnx._ops import TABLE  # noqa: E402
 from tests.onnx.helpers import onnx_info as _info  # noqa: E402
 
 # ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.
@@ -662,7 +663,7 @@ def test_a_large_depthwise_gradient_equals_the_analytic_one_in_both_modes(attrs,
     """The shifted-slices depthwise Conv's own derivative (one variadic reduction over the taps for W, one
     convolution of the spread-out cotangent for X) gives XLA's grouped convolution's gradients in float64, in
     both layouts, jitted and not; forward mode (``jax.jvp``) gives its tangent."""
-    from optkit.onnx import _layout
+    from optkit.onnx._plans import layout as _layout
 
     if not channels_last:
         monkeypatch.setattr(_layout, "active", lambda: False)
@@ -714,7 +715,7 @@ def test_the_depthwise_gradient_is_one_reduction_and_one_convolution_not_one_per
     derivative of the 25 taps (25 reductions, which XLA:CPU compiles slowly
     and runs one after another): counted in the lowered program, with the gradients equal to XLA's grouped
     convolution's in float64."""
-    from optkit.onnx import _layout
+    from optkit.onnx._plans import layout as _layout
 
     if not channels_last:
         monkeypatch.setattr(_layout, "active", lambda: False)

@@ -40,7 +40,7 @@ def test_the_optimized_bert_gives_onnx_runtimes_output_on_a_padded_batch():
 def test_its_float16_conversion_gives_onnx_runtimes_float16_output_bit_for_bit():
     """The float16 file (Casts kept at the inputs and output) against ONNX Runtime's output, jitted, op by op and
     through ``to_jax``: equal, bit for bit. ONNX Runtime runs MatMul, Attention and BiasGelu in float32 and keeps
-    float32 between them (optkit.onnx._float16), and its float16 SkipLayerNormalization sums in float32 and rounds
+    float32 between them (optkit.onnx._plans.float16), and its float16 SkipLayerNormalization sums in float32 and rounds
     once; rounding each node to float16 and summing in float16, as optkit did before, put 39% of the outputs a
     float16 step away."""
     feeds, want = _saved("ort_optimized_bert_fp16")

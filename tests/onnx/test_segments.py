@@ -16,7 +16,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
-from optkit.onnx._errors import ValueDependentError  # noqa: E402
+from optkit.onnx._base.errors import ValueDependentError  # noqa: E402
 
 RNG = np.random.default_rng(46)
 

@@ -23,7 +23,7 @@ and :mod:`~optkit._src.graph.run` (evaluation).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import chex
@@ -301,6 +301,58 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
                 raise ValueError(f"output {name!r} is not a graph input, an initializer or "
                                  f"any node's output")
         return names, single, runner
+
+    @property
+    def order(self) -> tuple[Node, ...]:
+        """Every node in dependency order (ties in the order the nodes were added).
+
+        Raises:
+          ValueError: an invalid graph (:meth:`validate`).
+        """
+        return self._analyzed()._analysis.order
+
+    @property
+    def producers(self) -> Mapping[str, Node]:
+        """``{tensor name: the node whose output it is}``, read-only (graph inputs and initializers have none)."""
+        return _ReadOnly(self._tensors.producer)
+
+    @property
+    def node_count(self) -> int:
+        """How many nodes the graph has (``len(graph.nodes)`` without copying them)."""
+        return len(self._tensors.nodes)
+
+    def nodes_from(self, start: int) -> tuple[Node, ...]:
+        """The nodes added from position ``start`` on, in the order they were added: what a builder added since
+        it read :attr:`node_count`."""
+        return tuple(self._tensors.nodes[start:])
+
+    def dependencies(self, node: Node) -> tuple[str, ...]:
+        """The tensor names ``node`` reads: its inputs, and for a Gradient node the tensors its sub-graph reads
+        besides ``xs + zs``.
+
+        Raises:
+          ValueError: an invalid graph (:meth:`validate`). KeyError: a node of another graph.
+        """
+        return tuple(self._analyzed()._analysis.deps[node])
+
+    def plan(self, outputs: str | Sequence[str] | None, known: Iterable[str]) -> tuple[tuple[str, ...],
+                                                                                     tuple[Node, ...]]:
+        """``(names, nodes)``: the output names asked for (default :attr:`outputs`) and the nodes that compute
+        them from the ``known`` tensor names, in dependency order (only the nodes they need); what
+        :meth:`evaluate` runs, for an evaluator that runs a plan its own way (some nodes scanned, some compiled
+        apart) with :meth:`run_plan`.
+
+        Raises:
+          ValueError: an output no graph input, initializer or node defines; a graph input the outputs need that
+            is not ``known``; an invalid graph.
+        """
+        names, _, runner = self._requested(outputs)
+        return names, runner.plan(names, frozenset(known))
+
+    def run_plan(self, nodes: Iterable[Node], env: dict[str, Any]) -> None:
+        """Run ``nodes`` (of :meth:`plan`, in its order) on the values in ``env``, adding every output to ``env``
+        (a Gradient node as ``jax.vjp`` of its sub-graph, SPEC 6). Jittable (pure JAX)."""
+        self._analyzed().run(nodes, env)
 
     def evaluate(
         self, feeds: Mapping[str, chex.ArrayTree], outputs: str | Sequence[str] | None = None, *,

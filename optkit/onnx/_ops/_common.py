@@ -12,8 +12,8 @@ import numpy as np
 from jax import lax
 from jax.experimental import checkify
 
+from optkit.onnx._base.tracing import index_checks_active, node_stream, random_key_active
 from optkit.onnx._ops._registry import NodeContext
-from optkit.onnx._tracing import index_checks_active, node_stream, random_key_active
 
 __all__ = ["body_runner", "aligned", "sharded_like", "reshape", "reshape_sharding", "on_cpu", "axis_index",
            "axis_indices", "is_integer", "lowest", "checked_indices", "below_max", "softmax", "log_softmax"]
@@ -67,7 +67,7 @@ def checked_indices(ctx: NodeContext, indices: Any, size: int, where: str) -> An
     in any dtype, and ``mode="fill"`` then gives NaN (floats) or the fill value
     of the type, as for any out-of-range index, never a valid element.
 
-    With index checks on (``to_jax(..., checks=True)``, :mod:`optkit.onnx._feeds`), an out-of-range index
+    With index checks on (``to_jax(..., checks=True)``, :mod:`optkit.onnx._run.feeds`), an out-of-range index
     fails a ``checkify.check`` that names the node, as ONNX Runtime raises.
 
     Raises:
@@ -136,13 +136,11 @@ def take(x: Any, indices: Any, axis: int, mode: str = "fill") -> Any:
     split along the gathered axis is gathered whole first (a mask built from the sharded batch, indexed)."""
     x_spec = _explicit_spec(x)
     if x_spec is not None and x_spec[axis] is not None:  # (rows picked from a table split along them: gathered)
-        whole = jax.sharding.PartitionSpec(*x_spec[:axis], None, *x_spec[axis + 1:])
-        x = jax.sharding.reshard(x, _named(x, whole))
+        x = resharded(x, (*x_spec[:axis], None, *x_spec[axis + 1:]))
     spec = gather_sharding(x, indices, axis)
     if spec is not None:
         where = (slice(None),) * axis + (indices,)
-        placed = _named(indices if _explicit_spec(x) is None else x, spec)
-        return jnp.asarray(x).at[where].get(mode=mode, out_sharding=placed)
+        return jnp.asarray(x).at[where].get(mode=mode, out_sharding=output_sharding(spec, x, indices))
     return jnp.take(x, indices, axis=axis, mode=mode)
 
 
@@ -156,10 +154,20 @@ def _explicit_spec(x: Any) -> tuple | None:
     return None if all(s is None for s in spec) else spec
 
 
-def _named(x: Any, spec: Any) -> Any:
-    """``spec`` on the mesh ``x``'s type carries (a ``NamedSharding``: JAX takes a bare ``PartitionSpec`` only
-    under ``jax.set_mesh``, and arrays placed with a ``NamedSharding`` of explicit axes carry them without)."""
-    return jax.sharding.NamedSharding(jax.typeof(x).sharding.mesh, spec)
+def output_sharding(spec: Sequence[Any], *operands: Any) -> Any:
+    """The sharding of an output whose ``PartitionSpec`` entries are ``spec``, stated from its operands: a
+    ``NamedSharding`` on the mesh of the first operand that carries explicit mesh axes (the first operand's
+    when none does). JAX takes a bare ``PartitionSpec`` only under ``jax.set_mesh``, and arrays placed with a
+    ``NamedSharding`` of explicit axes carry them without one: every operator that must state an output's
+    sharding (gathers, reshapes, carried values, aligned operands) states it here."""
+    like = next((x for x in operands if x is not None and _explicit_spec(x) is not None), operands[0])
+    return jax.sharding.NamedSharding(jax.typeof(like).sharding.mesh, jax.sharding.PartitionSpec(*spec))
+
+
+def resharded(x: Any, spec: Sequence[Any], *operands: Any) -> Any:
+    """``x`` moved to the sharding :func:`output_sharding` states for ``spec`` from ``operands`` (``x`` itself when
+    none is given)."""
+    return jax.sharding.reshard(x, output_sharding(spec, *(operands or (x,))))
 
 
 def _axis_size(x: Any, entry: Any) -> int:
@@ -215,8 +223,8 @@ def reshape(x: Any, shape: Sequence[int]) -> Any:
         return jnp.reshape(x, shape)
     out, before = specs
     if tuple(before) != tuple(_explicit_spec(x)):
-        x = jax.sharding.reshard(x, _named(x, before))
-    return jnp.reshape(x, shape, out_sharding=_named(x, out))
+        x = resharded(x, before)
+    return jnp.reshape(x, shape, out_sharding=output_sharding(out, x))
 
 
 def sharded_like(value: Any, like: Any) -> Any:
@@ -225,8 +233,7 @@ def sharded_like(value: Any, like: Any) -> Any:
     want, have = _explicit_spec(like), _explicit_spec(value)
     if want == have:
         return value
-    spec = jax.sharding.PartitionSpec(*(want or (None,) * jnp.ndim(value)))
-    return jax.sharding.reshard(value, _named(like if want is not None else value, spec))
+    return resharded(value, want or (None,) * jnp.ndim(value), like, value)
 
 
 def aligned(xs: Sequence[Any], skip: Sequence[int] = ()) -> list[Any]:
@@ -254,8 +261,7 @@ def aligned(xs: Sequence[Any], skip: Sequence[int] = ()) -> list[Any]:
         for k, (entry, size) in wanted.items():
             if k <= len(new) and new[-k] is None and jnp.shape(x)[-k] == size and entry not in new:
                 new[-k] = entry
-        out.append(x if new == own else jax.sharding.reshard(x, _named(next(
-            v for v, spec in zip(xs, specs) if spec is not None), jax.sharding.PartitionSpec(*new))))
+        out.append(x if new == own else resharded(x, new, *(v for v, spec in zip(xs, specs) if spec is not None)))
     return out
 
 

@@ -35,12 +35,12 @@ from typing import Any
 import onnx
 import onnx.defs
 
-from optkit.onnx._errors import UnsupportedOpError
-from optkit.onnx._limits import check_size
-from optkit.onnx._ops._values import DEFAULT_DOMAIN, domain_text, node_where, normalize_domain
+from optkit.onnx._base.errors import UnsupportedOpError
+from optkit.onnx._base.limits import check_size
+from optkit.onnx._base.values import DEFAULT_DOMAIN, domain_text, node_where, normalize_domain
 
-__all__ = ["NodeContext", "GradientRequest", "Builder", "ELEMENTWISE", "Fusion", "Layout", "OpSpec", "Family",
-           "OpTable"]
+__all__ = ["NodeContext", "GradientRequest", "Builder", "ELEMENTWISE", "FLOAT16_KERNEL", "Float16", "Fusion", "Layout",
+           "MOVES_FLOAT16", "OpSpec", "Family", "OpTable"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +60,7 @@ class NodeContext:
       subgraph: converts a sub-graph attribute with the same converter as the
         model's graph, the enclosing graphs' names visible and the same
         bounds (see :meth:`convert_subgraph`); None where no converter runs.
-      channels_last: build the node's channels-last form (:mod:`optkit.onnx._layout`): its activation
+      channels_last: build the node's channels-last form (:mod:`optkit.onnx._plans.layout`): its activation
         input and output hold (N, D1, ..., C) instead of ONNX's (N, C, D1, ...); only the operators
         that layout lists are built so.
     """
@@ -127,7 +127,7 @@ Builder = Callable[..., Callable[..., Any] | GradientRequest]
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """An operator's part in the channels-last plan (:mod:`optkit.onnx._layout`), declared at its registration.
+    """An operator's part in the channels-last plan (:mod:`optkit.onnx._plans.layout`), declared at its registration.
 
     Attributes:
       role: ``"conv"`` (a channels-last form of its own; reads ``X`` channels-last, moved there if it is not
@@ -181,6 +181,36 @@ class Fusion:
 
 
 @dataclasses.dataclass(frozen=True)
+class Float16:
+    """An operator's part in ONNX Runtime's float16 plan (:mod:`optkit.onnx._plans.float16`), declared at its
+    registration as ``layout=`` is.
+
+    Attributes:
+      kernel_since, kernel_until: the opset versions (inclusive; ``kernel_until`` None: every later one) at which
+        ONNX Runtime 1.32's CPU provider has a float16 kernel for the operator (its kernel registry,
+        ``onnxruntime.capi._pybind_state.get_all_opkernel_def()``); an operator without one runs in float32
+        between casts there. None: no float16 kernel at any version.
+      moves_data: the operator only moves its first input's elements (``Reshape``, ``Gather``...): its outputs
+        have that input's dtype.
+
+    Example: ``@OPS.op("Concat", 1, 4, 11, 13, float16=Float16(kernel_since=4, moves_data=True))``.
+    """
+
+    kernel_since: int | None = None
+    kernel_until: int | None = None
+    moves_data: bool = False
+
+    def native_at(self, version: int) -> bool:
+        """Whether ONNX Runtime runs the operator's ``version`` on float16 data itself."""
+        return self.kernel_since is not None and self.kernel_since <= version and (
+            self.kernel_until is None or version <= self.kernel_until)
+
+
+FLOAT16_KERNEL = Float16(kernel_since=1)  # a float16 kernel at every version
+MOVES_FLOAT16 = Float16(kernel_since=1, moves_data=True)  # that, and its outputs are its first input's elements
+
+
+@dataclasses.dataclass(frozen=True)
 class OpSpec:
     """One registration: a builder and the operator versions it implements.
 
@@ -200,6 +230,7 @@ class OpSpec:
         branches of different shapes run; fed a traced value, the input stays dynamic).
       layout: its part in the channels-last plan (:class:`Layout`), or None.
       fusion: how it runs fused with the node it reads (:class:`Fusion`), or None.
+      float16: its part in ONNX Runtime's float16 plan (:class:`Float16`), or None (no float16 kernel).
     """
 
     op_type: str
@@ -213,6 +244,7 @@ class OpSpec:
     fusion: Fusion | None = None
     table_inputs: tuple[int, ...] = ()
     static_when_fed: tuple[int, ...] = ()
+    float16: Float16 | None = None
 
     def builder(self, ctx: NodeContext) -> Callable[..., Any] | GradientRequest:
         """The node's function (or Gradient request): ``build(ctx, *params)``."""
@@ -221,6 +253,10 @@ class OpSpec:
     def layout_at(self, version: int) -> Layout | None:
         """Its :class:`Layout` at operator version ``version`` (None before the role's ``since``)."""
         return self.layout if self.layout is not None and version >= self.layout.since else None
+
+    def float16_native(self, version: int) -> bool:
+        """Whether ONNX Runtime's CPU provider has a float16 kernel for operator version ``version``."""
+        return self.float16 is not None and self.float16.native_at(version)
 
 
 class Family:
@@ -234,17 +270,18 @@ class Family:
     def op(self, op_type: str, *since_versions: int, params: Sequence[Any] = (), static_inputs: Sequence[int] = (),
            static_outputs: bool = False, layout: Layout | None = None,
            fusion: Fusion | None = None, table_inputs: Sequence[int] = (),
-           static_when_fed: Sequence[int] = ()) -> Callable[[Builder], Builder]:
+           static_when_fed: Sequence[int] = (), float16: Float16 | None = None) -> Callable[[Builder], Builder]:
         """Decorator: register ``build`` for ``op_type`` at each of ``since_versions``; stackable. ``layout``:
         its part in the channels-last plan (:class:`Layout`); ``fusion``: its fusion with the node it reads
-        (:class:`Fusion`); ``table_inputs``, ``static_when_fed``: see :class:`OpSpec`."""
+        (:class:`Fusion`); ``float16``: its part in ONNX Runtime's float16 plan (:class:`Float16`);
+        ``table_inputs``, ``static_when_fed``: see :class:`OpSpec`."""
         if not since_versions:
             raise ValueError(f"{self.name}.op({op_type!r}): give at least one since_version")
 
         def register(build: Builder) -> Builder:
             self.specs.append(OpSpec(op_type, tuple(int(v) for v in since_versions), build, self.domain,
                                      tuple(params), tuple(static_inputs), static_outputs, layout, fusion,
-                                     tuple(table_inputs), tuple(static_when_fed)))
+                                     tuple(table_inputs), tuple(static_when_fed), float16))
             return build
 
         return register

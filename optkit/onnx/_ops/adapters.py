@@ -1,5 +1,5 @@
 """``ai.optkit::LoRA``: a low-rank adapter's term at the matmul it adapts, which :func:`optkit.onnx.to_jax`
-adds with ``lora=`` (:mod:`optkit.onnx._lora`); no exporter writes it.
+adds with ``lora=`` (:mod:`optkit.onnx._load.adapters`); no exporter writes it.
 
 ``delta = scale * dropout(x') @ A @ B``, with ``x'`` the matmul's activation input (transposed for a
 ``Gemm`` with ``transA``), ``A`` (in x rank) and ``B`` (rank x out) the adapter, computed in the adapter's
@@ -13,9 +13,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from optkit.onnx._base.tracing import random_key_active
 from optkit.onnx._ops._common import node_key
 from optkit.onnx._ops._registry import Family
-from optkit.onnx._tracing import random_key_active
 
 OPS = Family("adapters", "ai.optkit")
 

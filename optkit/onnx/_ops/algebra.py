@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from optkit.onnx._base.values import onnx_dtype
 from optkit.onnx._ops._common import axis_index
 from optkit.onnx._ops._registry import Family
-from optkit.onnx._ops._values import onnx_dtype
 
 OPS = Family("algebra")
 

@@ -24,15 +24,15 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from optkit.onnx._base.values import onnx_dtype
 from optkit.onnx._ops._common import below_max, body_runner, checked_indices, take
-from optkit.onnx._ops._registry import Family
-from optkit.onnx._ops._values import onnx_dtype
+from optkit.onnx._ops._registry import Family, Float16
 
 OPS = Family("attention")
 PREVIEW_OPS = Family("attention", "ai.onnx.preview")
 
 
-@OPS.op("RotaryEmbedding", 23, table_inputs=(1, 2))
+@OPS.op("RotaryEmbedding", 23, table_inputs=(1, 2), float16=Float16(kernel_since=23))
 def _rotary_embedding(ctx):
     num_heads = int(ctx.attrs.get("num_heads", 0))
     rotary_dim = int(ctx.attrs.get("rotary_embedding_dim", 0))
@@ -130,7 +130,7 @@ def _heads(ctx, x, heads, what):
     return jnp.transpose(jnp.reshape(x, (x.shape[0], x.shape[1], heads, x.shape[2] // heads)), (0, 2, 1, 3))
 
 
-@OPS.op("Attention", 23, 24, 25)
+@OPS.op("Attention", 23, 24, 25, float16=Float16(kernel_since=23))
 def _attention(ctx):
     a = ctx.attrs
     scale_attr, causal = a.get("scale"), bool(a.get("is_causal", 0))

@@ -23,11 +23,11 @@ import numpy as np
 from jax import lax
 
 from optkit.onnx._ops._common import checked_indices, take
-from optkit.onnx._ops._registry import ELEMENTWISE, Family
+from optkit.onnx._ops._registry import ELEMENTWISE, FLOAT16_KERNEL, Family
 
 OPS = Family("contrib", "com.microsoft")
 # ONNX Runtime registers SimplifiedLayerNormalization in the default domain (ONNX defines no such operator; the
-# loader checks such nodes apart, optkit.onnx._files.ORT_DEFAULT_DOMAIN_OPS).
+# loader checks such nodes apart, optkit.onnx._load.files.ORT_DEFAULT_DOMAIN_OPS).
 DEFAULT_DOMAIN_OPS = Family("contrib_default_domain")
 
 _SKIP_EPSILON = 1e-12  # ONNX Runtime's default epsilon of SkipLayerNormalization and SkipSimplifiedLayerNormalization
@@ -96,7 +96,7 @@ def _stats_dtype(x):
     return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
 
 
-@OPS.op("SkipLayerNormalization", 1)
+@OPS.op("SkipLayerNormalization", 1, float16=FLOAT16_KERNEL)
 def _skip_layer_normalization(ctx):
     """s = input + skip (+ bias); LayerNormalization of s over the last axis with gamma (and beta). Outputs:
     the result, the mean, 1 / sqrt(variance + epsilon), and s (``input_skip_bias_sum``)."""
@@ -115,7 +115,7 @@ def _skip_layer_normalization(ctx):
     return skip_layer_normalization
 
 
-@DEFAULT_DOMAIN_OPS.op("SimplifiedLayerNormalization", 1)
+@DEFAULT_DOMAIN_OPS.op("SimplifiedLayerNormalization", 1, float16=FLOAT16_KERNEL)
 def _simplified_layer_normalization(ctx):
     """RMS normalization over the axes from ``axis`` (default -1) to the last, times scale: Y = X /
     sqrt(mean(X^2) + epsilon) * scale (epsilon default 1e-5), statistics in float32 for 16-bit inputs
@@ -136,7 +136,7 @@ def _simplified_layer_normalization(ctx):
     return simplified_layer_normalization
 
 
-@OPS.op("SkipSimplifiedLayerNormalization", 1)
+@OPS.op("SkipSimplifiedLayerNormalization", 1, float16=FLOAT16_KERNEL)
 def _skip_simplified_layer_normalization(ctx):
     """s = input + skip (+ bias); RMS normalization of s over the last axis times gamma. Outputs: the result,
     the mean (not computed by ONNX Runtime: zeros here), 1 / sqrt(mean(s^2) + epsilon), and s."""
@@ -172,7 +172,7 @@ def _int8_blocks_jvp(block, primals, tangents):
     return _int8_blocks(primals[0], block), tangents[0]
 
 
-@OPS.op("MatMulNBits", 1)
+@OPS.op("MatMulNBits", 1, float16=FLOAT16_KERNEL)
 def _matmul_nbits(ctx):
     """Y = A @ W^T (+ bias) with W (N, K) stored blockwise quantized: B (uint8, [N, ceil(K / block_size),
     block_size * bits / 8]) holding ``bits``-bit unsigned values (4-bit: the low nibble first), ``scales``
@@ -275,7 +275,7 @@ def _embed_layer_normalization(ctx):
     return embed_layer_normalization
 
 
-@OPS.op("GatherBlockQuantized", 1)
+@OPS.op("GatherBlockQuantized", 1, float16=FLOAT16_KERNEL)
 def _gather_block_quantized(ctx):
     """Rows of a blockwise-quantized table (the 4-bit embeddings of onnxruntime-genai's releases): ``data``
     (uint8 holding ``bits``-bit values, two 4-bit ones per byte low nibble first along the last axis, or int4 /

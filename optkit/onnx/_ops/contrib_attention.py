@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from optkit.onnx._ops._common import checked_indices, take
-from optkit.onnx._ops._registry import Family
+from optkit.onnx._ops._registry import FLOAT16_KERNEL, Family
 from optkit.onnx._ops.attention import rotary
 
 OPS = Family("contrib_attention", "com.microsoft")
@@ -25,7 +25,7 @@ OPS = Family("contrib_attention", "com.microsoft")
 _GQA_UNRUN_INPUTS = {12: "k_scale", 13: "v_scale", 14: "q_norm_weight", 15: "k_norm_weight", 16: "query_seqlens"}
 
 
-@OPS.op("GroupQueryAttention", 1, static_inputs=(6,), table_inputs=(7, 8))
+@OPS.op("GroupQueryAttention", 1, static_inputs=(6,), table_inputs=(7, 8), float16=FLOAT16_KERNEL)
 def _group_query_attention(ctx):
     """Causal multi-head attention with grouped key/value heads and a KV cache, as onnxruntime-genai's model
     builder writes it (LLaMA, Qwen, Phi, Mistral), following ONNX Runtime 1.32's CPU kernel.
@@ -43,23 +43,7 @@ def _group_query_attention(ctx):
     ``attention_bias``; the softmax adds ``exp(sink)`` to its sum with ``smooth_softmax`` (sink 0) or
     ``head_sink`` (one per head). Computed in float32 (float64 for doubles); outputs the attention (batch, S,
     num_heads * head), present_key, present_value."""
-    a = ctx.attrs
-    for name in ("num_heads", "kv_num_heads"):
-        if name not in a:
-            raise ctx.error(f"the required attribute {name!r} is missing")
-    heads, kv_heads = int(a["num_heads"]), int(a["kv_num_heads"])
-    if heads < 1 or kv_heads < 1 or heads % kv_heads:
-        raise ctx.error(f"num_heads={heads} must be a positive multiple of kv_num_heads={kv_heads}")
-    scale, softcap = float(a.get("scale", 0.0)), float(a.get("softcap", 0.0))
-    window, smooth = int(a.get("local_window_size", -1)), int(a.get("smooth_softmax", -1)) == 1
-    do_rotary, interleaved = bool(a.get("do_rotary", 0)), bool(a.get("rotary_interleaved", 0))
-    for name, default in (("qk_output", 0), ("kv_cache_bit_width", 0), ("sliding_window_cache", 0), ("causal", 1)):
-        if int(a.get(name, default)) != default:
-            raise ctx.unsupported(f"{name}={a[name]} is not run (only {name}={default})")
-    for name in ("k_quant_type", "v_quant_type"):
-        value = a.get(name, "NONE")
-        if (value.decode() if isinstance(value, bytes) else value) != "NONE":
-            raise ctx.unsupported(f"{name}={value!r}: optkit runs GroupQueryAttention with an unquantized KV cache")
+    heads, kv_heads, scale, softcap, window, smooth, do_rotary, interleaved = _gqa_attributes(ctx)
 
     def group_query_attention(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
                               total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
@@ -75,22 +59,8 @@ def _group_query_attention(ctx):
             raise ctx.error(f"query must be (batch, sequence, hidden), got {jnp.shape(query)}")
         dtype = jnp.result_type(query)
         work = jnp.float64 if dtype == jnp.float64 else jnp.float32
-        batch, length, hidden = jnp.shape(query)
-        if key is None:
-            if hidden % (heads + 2 * kv_heads):
-                raise ctx.error(f"a packed query's hidden size {hidden} is not (num_heads + 2 * kv_num_heads) * "
-                                f"head size")
-            head = hidden // (heads + 2 * kv_heads)
-            q, k, v = jnp.split(query, [heads * head, (heads + kv_heads) * head], axis=2)
-        else:
-            head = hidden // heads
-            if hidden % heads or jnp.shape(key)[2] != kv_heads * head or jnp.shape(value) != jnp.shape(key):
-                raise ctx.error(f"query {jnp.shape(query)}, key {jnp.shape(key)} and value {jnp.shape(value)} do not "
-                                f"fit num_heads={heads} and kv_num_heads={kv_heads}")
-            q, k, v = query, key, value
-        q = jnp.reshape(q, (batch, length, heads, head)).astype(work)
-        k = jnp.reshape(k, (batch, length, kv_heads, head)).astype(work)
-        v = jnp.reshape(v, (batch, length, kv_heads, head)).astype(work)
+        batch, length, _ = jnp.shape(query)
+        q, k, v, head = _gqa_heads(ctx, query, key, value, (heads, kv_heads), work)
         total = int(np.asarray(total_sequence_length).reshape(()))
         past = 0 if past_key is None else jnp.shape(past_key)[2]
         if past_key is not None and (jnp.shape(past_key) != (batch, kv_heads, past, head)
@@ -143,19 +113,68 @@ def _group_query_attention(ctx):
         if window > 0:
             allowed &= slots[None, None, :] > at[:, :, None] - window
         scores = jnp.where(allowed[:, None], scores, -jnp.inf)
-        if head_sink is not None or smooth:
-            sink = (jnp.zeros((heads,), work) if head_sink is None
-                    else jnp.reshape(jnp.asarray(head_sink), (heads,)).astype(work))[None, :, None, None]
-            top = jnp.maximum(jnp.max(scores, axis=-1, keepdims=True), sink)
-            e = jnp.exp(scores - top)
-            probs = e / (jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sink - top))
-        else:
-            probs = jax.nn.softmax(scores, axis=-1)
+        probs = _softmax_with_sink(scores, head_sink if head_sink is not None or not smooth
+                                   else jnp.zeros((heads,), work), heads, work)
         out = jnp.einsum("bnsl,bnld->bsnd", probs, values).reshape(batch, length, heads * head)
         cache_type = dtype if past_key is None else jnp.result_type(past_key)
         return out.astype(dtype), present_key.astype(cache_type), present_value.astype(cache_type)
 
     return group_query_attention
+
+
+def _gqa_attributes(ctx) -> tuple:
+    """GroupQueryAttention's attributes, checked: ``(heads, kv_heads, scale, softcap, window, smooth, do_rotary,
+    interleaved)``; the attributes it does not run refused, naming the node."""
+    a = ctx.attrs
+    for name in ("num_heads", "kv_num_heads"):
+        if name not in a:
+            raise ctx.error(f"the required attribute {name!r} is missing")
+    heads, kv_heads = int(a["num_heads"]), int(a["kv_num_heads"])
+    if heads < 1 or kv_heads < 1 or heads % kv_heads:
+        raise ctx.error(f"num_heads={heads} must be a positive multiple of kv_num_heads={kv_heads}")
+    for name, default in (("qk_output", 0), ("kv_cache_bit_width", 0), ("sliding_window_cache", 0), ("causal", 1)):
+        if int(a.get(name, default)) != default:
+            raise ctx.unsupported(f"{name}={a[name]} is not run (only {name}={default})")
+    for name in ("k_quant_type", "v_quant_type"):
+        value = a.get(name, "NONE")
+        if (value.decode() if isinstance(value, bytes) else value) != "NONE":
+            raise ctx.unsupported(f"{name}={value!r}: optkit runs GroupQueryAttention with an unquantized KV cache")
+    return (heads, kv_heads, float(a.get("scale", 0.0)), float(a.get("softcap", 0.0)),
+            int(a.get("local_window_size", -1)), int(a.get("smooth_softmax", -1)) == 1,
+            bool(a.get("do_rotary", 0)), bool(a.get("rotary_interleaved", 0)))
+
+
+def _gqa_heads(ctx, query, key, value, head_counts: tuple[int, int], work) -> tuple:
+    """``(q, k, v, head)``: the query, key and value (unpacked from a packed query when ``key`` is None) as
+    (batch, S, heads or kv_heads, head) in the ``work`` dtype, and the head size."""
+    heads, kv_heads = head_counts
+    batch, length, hidden = jnp.shape(query)
+    if key is None:
+        if hidden % (heads + 2 * kv_heads):
+            raise ctx.error(f"a packed query's hidden size {hidden} is not (num_heads + 2 * kv_num_heads) * "
+                            f"head size")
+        head = hidden // (heads + 2 * kv_heads)
+        q, k, v = jnp.split(query, [heads * head, (heads + kv_heads) * head], axis=2)
+    else:
+        head = hidden // heads
+        if hidden % heads or jnp.shape(key)[2] != kv_heads * head or jnp.shape(value) != jnp.shape(key):
+            raise ctx.error(f"query {jnp.shape(query)}, key {jnp.shape(key)} and value {jnp.shape(value)} do not "
+                            f"fit num_heads={heads} and kv_num_heads={kv_heads}")
+        q, k, v = query, key, value
+    return (jnp.reshape(q, (batch, length, heads, head)).astype(work),
+            jnp.reshape(k, (batch, length, kv_heads, head)).astype(work),
+            jnp.reshape(v, (batch, length, kv_heads, head)).astype(work), head)
+
+
+def _softmax_with_sink(scores, sink, heads: int, work):
+    """The softmax over the last axis of (batch, heads, S, keys) ``scores``; with a per-head ``sink`` (``head_sink``,
+    or zeros for ``smooth_softmax``), ``exp(sink)`` added to each sum (None: the plain softmax)."""
+    if sink is None:
+        return jax.nn.softmax(scores, axis=-1)
+    sink = jnp.reshape(jnp.asarray(sink), (heads,)).astype(work)[None, :, None, None]
+    top = jnp.maximum(jnp.max(scores, axis=-1, keepdims=True), sink)
+    e = jnp.exp(scores - top)
+    return e / (jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sink - top))
 
 
 def _key_mask(ctx, m, batch, length, keys, fill, what, starts):
@@ -260,7 +279,7 @@ def _contrib_attention(ctx):
     return attention
 
 
-@OPS.op("RotaryEmbedding", 1, table_inputs=(2, 3))
+@OPS.op("RotaryEmbedding", 1, table_inputs=(2, 3), float16=FLOAT16_KERNEL)
 def _contrib_rotary_embedding(ctx):
     """ONNX Runtime's rotary embedding (its ``com.microsoft`` operator; ONNX's own has the caches before the
     positions): ``input`` (batch, S, num_heads * head) or (batch, num_heads, S, head), ``position_ids`` (batch,

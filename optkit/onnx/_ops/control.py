@@ -33,10 +33,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from optkit.onnx._errors import RUNS_IN_SEGMENTS, ValueDependentError
+from optkit.onnx._base.errors import RUNS_IN_SEGMENTS, ValueDependentError
+from optkit.onnx._base.values import as_static
 from optkit.onnx._ops._common import body_runner, sharded_like
-from optkit.onnx._ops._registry import Family
-from optkit.onnx._ops._values import as_static
+from optkit.onnx._ops._registry import FLOAT16_KERNEL, Family, Float16
 
 OPS = Family("control")
 
@@ -67,7 +67,7 @@ def _carried(ctx, out, carry, what):
 # ----------------------------------------------------------------------------- If
 
 
-@OPS.op("If", 1, 11, 13, 16, 19, 21, 23, 24, 25, static_when_fed=(0,))
+@OPS.op("If", 1, 11, 13, 16, 19, 21, 23, 24, 25, static_when_fed=(0,), float16=FLOAT16_KERNEL)
 def _if(ctx):
     then_body, else_body = ctx.convert_subgraph("then_branch"), ctx.convert_subgraph("else_branch")
     if len(then_body.outputs) != len(else_body.outputs):
@@ -143,7 +143,7 @@ def _scan_core(ctx, run, states, scans, in_axes, in_dirs, out_axes, out_dirs, n_
     return (*final, *outs)
 
 
-@OPS.op("Scan", 9, 11, 16, 19, 21, 23, 24, 25)
+@OPS.op("Scan", 9, 11, 16, 19, 21, 23, 24, 25, float16=Float16(kernel_since=8))
 def _scan(ctx):
     body = ctx.convert_subgraph("body")
     m = int(ctx.attrs.get("num_scan_inputs", 0))
@@ -161,7 +161,7 @@ def _scan(ctx):
     return scan
 
 
-@OPS.op("Scan", 8)
+@OPS.op("Scan", 8, float16=Float16(kernel_since=8))
 def _scan8(ctx):
     """Version 8: a leading batch axis on every state and scan input, the scan axis next; no per-tensor axes."""
     body = ctx.convert_subgraph("body")
@@ -186,7 +186,7 @@ def _scan8(ctx):
 # ----------------------------------------------------------------------------- Loop
 
 
-@OPS.op("Loop", 1, 11, 13, 16, 19, 21, 23, 24, 25)
+@OPS.op("Loop", 1, 11, 13, 16, 19, 21, 23, 24, 25, float16=FLOAT16_KERNEL)
 def _loop(ctx):
     body = ctx.convert_subgraph("body")
     n = len(body.inputs) - 2

@@ -15,9 +15,9 @@ import jax.scipy.special
 import numpy as np
 from jax import lax
 
+from optkit.onnx._base.values import is_string, onnx_dtype, storage_bits
 from optkit.onnx._ops._common import is_integer
-from optkit.onnx._ops._registry import ELEMENTWISE, Family, Fusion, Layout
-from optkit.onnx._ops._values import is_string, onnx_dtype, storage_bits
+from optkit.onnx._ops._registry import ELEMENTWISE, Family, Float16, Fusion, Layout
 
 OPS = Family("elementwise")
 
@@ -46,8 +46,8 @@ OPS = Family("elementwise")
 @OPS.op("Reciprocal", 6, 13, params=(jnp.reciprocal,), layout=ELEMENTWISE)
 @OPS.op("Floor", 6, 13, params=(jnp.floor,))
 @OPS.op("Ceil", 6, 13, params=(jnp.ceil,))
-@OPS.op("Round", 11, 22, params=(jnp.round,))  # halves to even, as ONNX specifies
-@OPS.op("Sign", 9, 13, params=(jnp.sign,))
+@OPS.op("Round", 11, 22, params=(jnp.round,), float16=Float16(kernel_since=11))  # halves to even, as ONNX specifies
+@OPS.op("Sign", 9, 13, params=(jnp.sign,), float16=Float16(kernel_since=9))
 @OPS.op("Erf", 9, 13, params=(jax.scipy.special.erf,), layout=ELEMENTWISE)
 @OPS.op("Sin", 7, 22, params=(jnp.sin,))
 @OPS.op("Cos", 7, 22, params=(jnp.cos,))
@@ -60,7 +60,7 @@ OPS = Family("elementwise")
 @OPS.op("Asinh", 9, 22, params=(jnp.arcsinh,))
 @OPS.op("Acosh", 9, 22, params=(jnp.arccosh,))
 @OPS.op("Atanh", 9, 22, params=(jnp.arctanh,))
-@OPS.op("IsNaN", 9, 13, 20, params=(jnp.isnan,))
+@OPS.op("IsNaN", 9, 13, 20, params=(jnp.isnan,), float16=Float16(kernel_since=9))
 @OPS.op("Softsign", 1, 22, params=(lambda x: x / (1 + jnp.abs(x)),))
 # log(exp(x) + 1) without overflow
 @OPS.op("Softplus", 1, 22, params=(lambda x: jnp.logaddexp(x, jnp.zeros((), jnp.result_type(x))),), layout=ELEMENTWISE)
@@ -161,7 +161,7 @@ def _elu(ctx):
     return lambda x: jnp.where(x > 0, x, alpha * jnp.expm1(jnp.minimum(x, 0)))
 
 
-@OPS.op("Celu", 12, 28, layout=ELEMENTWISE)
+@OPS.op("Celu", 12, 28, layout=ELEMENTWISE, float16=Float16(kernel_since=28))
 def _celu(ctx):
     alpha = ctx.attrs.get("alpha", 1.0)
     return lambda x: jnp.maximum(x, 0) + jnp.minimum(0, alpha * jnp.expm1(jnp.minimum(x, 0) / alpha))
@@ -207,7 +207,7 @@ def _prelu(ctx):
     return prelu
 
 
-@OPS.op("Clip", 6, 11, 12, 13, layout=ELEMENTWISE)
+@OPS.op("Clip", 6, 11, 12, 13, layout=ELEMENTWISE, float16=Float16(kernel_since=12))
 def _clip(ctx):
     if ctx.version < 11:
         low, high = ctx.attrs.get("min", -3.4028234663852886e38), ctx.attrs.get("max", 3.4028234663852886e38)
@@ -226,7 +226,7 @@ def _clip(ctx):
     return clip
 
 
-@OPS.op("IsInf", 10, 20)
+@OPS.op("IsInf", 10, 20, float16=Float16(kernel_since=20))
 def _is_inf(ctx):
     negative = bool(ctx.attrs.get("detect_negative", 1))
     positive = bool(ctx.attrs.get("detect_positive", 1))
@@ -239,7 +239,7 @@ def _is_inf(ctx):
     return is_inf
 
 
-@OPS.op("Mod", 10, 13, 28)
+@OPS.op("Mod", 10, 13, 28, float16=Float16(kernel_since=10))
 def _mod(ctx):
     fmod = int(ctx.attrs.get("fmod", 0))
     if fmod not in (0, 1):
@@ -254,8 +254,10 @@ def _mod(ctx):
     return mod
 
 
-@OPS.op("Max", 6, 8, 12, 13, params=(jnp.maximum,), layout=Layout("elementwise", since=8))
-@OPS.op("Min", 6, 8, 12, 13, params=(jnp.minimum,), layout=Layout("elementwise", since=8))
+@OPS.op("Max", 6, 8, 12, 13, params=(jnp.maximum,), layout=Layout("elementwise", since=8),
+        float16=Float16(kernel_since=12))
+@OPS.op("Min", 6, 8, 12, 13, params=(jnp.minimum,), layout=Layout("elementwise", since=8),
+        float16=Float16(kernel_since=12))
 @OPS.op("Sum", 6, 8, 13, params=(jnp.add,), layout=Layout("elementwise", since=8))
 @OPS.op("Mean", 6, 8, 13, params=(jnp.add, True), layout=Layout("elementwise", since=8))
 def _variadic(ctx, fn, mean=False):
@@ -337,7 +339,8 @@ def _dynamic_matmul(ctx, quantize_attrs, matmul_attrs):
 
 
 @OPS.op("Cast", 6, 9, 13, 19, 21, 23, 24, 25, 28, layout=ELEMENTWISE,
-        fusion=Fusion(("DynamicQuantizeLinear", "MatMulInteger"), _dynamic_matmul_matches, _dynamic_matmul))
+        fusion=Fusion(("DynamicQuantizeLinear", "MatMulInteger"), _dynamic_matmul_matches, _dynamic_matmul),
+        float16=Float16(kernel_since=6))
 def _cast(ctx):
     dtype = onnx_dtype(ctx.attrs["to"], ctx.message("attribute 'to'"))
     saturate, round_mode = _cast_rules(ctx)
@@ -358,7 +361,7 @@ def _cast_like(ctx):
     return cast_like
 
 
-@OPS.op("BitCast", 26)
+@OPS.op("BitCast", 26, float16=Float16(kernel_since=26))
 def _bit_cast(ctx):
     """The bits of each element read as type ``to`` of the same width (bool as one byte, 0 or 1)."""
     dtype = onnx_dtype(ctx.attrs["to"], ctx.message("attribute 'to'"))
@@ -424,7 +427,7 @@ def _swish(ctx):
     return lambda x: x * jax.nn.sigmoid(jnp.asarray(alpha, jnp.result_type(x)) * x)
 
 
-@OPS.op("Shrink", 9)
+@OPS.op("Shrink", 9, float16=Float16(kernel_since=9))
 def _shrink(ctx):
     bias, lambd = float(ctx.attrs.get("bias", 0.0)), float(ctx.attrs.get("lambd", 0.5))
 

@@ -4,7 +4,7 @@ ReverseSequence, EyeLike, DepthToSpace, SpaceToDepth, CenterCropPad.
 ``Compress``, ``NonZero``, ``Unique`` and ``NonMaxSuppression`` give outputs whose size depends on
 values: they run on concrete values (between the compiled segments of ``prepare``'s default run, op by op
 with ``jit=False``, or values known at load time); traced inside a caller's ``jax.jit``, they are refused
-naming the node (:class:`~optkit.onnx._errors.ValueDependentError`). Sizes derived from values
+naming the node (:class:`~optkit.onnx._base.errors.ValueDependentError`). Sizes derived from values
 (``TopK``'s ``k``, ``OneHot``'s depth) are static inputs, bounded before
 anything is allocated.
 """
@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from optkit.onnx._errors import RUNS_IN_SEGMENTS, ValueDependentError
+from optkit.onnx._base.errors import RUNS_IN_SEGMENTS, ValueDependentError
+from optkit.onnx._base.values import as_static, onnx_dtype
 from optkit.onnx._ops._common import axis_index, checked_indices, sharded_like
-from optkit.onnx._ops._registry import Family
-from optkit.onnx._ops._values import as_static, onnx_dtype
+from optkit.onnx._ops._registry import Family, Float16
 
 OPS = Family("indexing")
 
@@ -30,8 +30,8 @@ def _scatter(target, index, updates, reduction):
     return ref.set(updates, mode="drop") if reduction is None else getattr(ref, reduction)(updates, mode="drop")
 
 
-@OPS.op("ScatterElements", 11, 13, 16, 18)
-@OPS.op("Scatter", 9, 11)
+@OPS.op("ScatterElements", 11, 13, 16, 18, float16=Float16(kernel_since=11))
+@OPS.op("Scatter", 9, 11, float16=Float16(kernel_since=9, kernel_until=10))
 def _scatter_elements(ctx):
     axis = int(ctx.attrs.get("axis", 0))
     reduction = _REDUCE.get(ctx.attrs.get("reduction", "none"), False)
@@ -52,7 +52,7 @@ def _scatter_elements(ctx):
     return scatter_elements
 
 
-@OPS.op("ScatterND", 11, 13, 16, 18)
+@OPS.op("ScatterND", 11, 13, 16, 18, float16=Float16(kernel_since=11))
 def _scatter_nd(ctx):
     reduction = _REDUCE.get(ctx.attrs.get("reduction", "none"), False)
     if reduction is False:
@@ -126,7 +126,7 @@ def _concrete(ctx, value, what):
     return known
 
 
-@OPS.op("Compress", 9, 11, 28)
+@OPS.op("Compress", 9, 11, 28, float16=Float16(kernel_since=9, moves_data=True))
 def _compress(ctx):
     axis = ctx.attrs.get("axis")
 
@@ -235,7 +235,7 @@ def _unique(ctx):
     return unique
 
 
-@OPS.op("ReverseSequence", 10, 28)
+@OPS.op("ReverseSequence", 10, 28, float16=Float16(kernel_since=10, moves_data=True))
 def _reverse_sequence(ctx):
     batch_axis, time_axis = int(ctx.attrs.get("batch_axis", 1)), int(ctx.attrs.get("time_axis", 0))
     if {batch_axis, time_axis} != {0, 1}:

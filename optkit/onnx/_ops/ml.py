@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from optkit.onnx._errors import RUNS_IN_SEGMENTS, ValueDependentError
+from optkit.onnx._base.errors import RUNS_IN_SEGMENTS, ValueDependentError
+from optkit.onnx._base.values import STRING, is_string
 from optkit.onnx._ops._common import take
 from optkit.onnx._ops._registry import Family
 from optkit.onnx._ops._trees import Trees
-from optkit.onnx._ops._values import STRING, is_string
 
 OPS = Family("ml", "ai.onnx.ml")
 

@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from optkit.onnx._base.values import onnx_dtype
 from optkit.onnx._ops._common import axis_index, node_key
-from optkit.onnx._ops._registry import Family, Layout
-from optkit.onnx._ops._values import onnx_dtype
+from optkit.onnx._ops._registry import FLOAT16_KERNEL, Family, Float16, Layout
 from optkit.onnx._ops._window import per_channel
 
 OPS = Family("normalization")
@@ -46,7 +46,7 @@ def _batch_normalization(ctx):
         rank = jnp.ndim(x)
         if rank < 2:
             raise ctx.error(f"X must be (N, C, ...), got shape {jnp.shape(x)}")
-        last = ctx.channels_last  # (N, D1, ..., C): optkit.onnx._layout
+        last = ctx.channels_last  # (N, D1, ..., C): optkit.onnx._plans.layout
         channels = jnp.shape(x)[-1 if last else 1]
         for v, what in ((scale, "scale"), (bias, "B"), (mean, "input_mean"), (var, "input_var")):
             if jnp.shape(v) != (channels,):
@@ -95,7 +95,7 @@ def _stash_type(ctx):
     return stash
 
 
-@OPS.op("RMSNormalization", 23)
+@OPS.op("RMSNormalization", 23, float16=Float16(kernel_since=23))
 def _rms_normalization(ctx):
     """Y = X / sqrt(mean(X^2 over axes axis..-1) + epsilon) * scale, the statistics in ``stash_type``."""
     axis, eps, stash = ctx.attrs.get("axis", -1), ctx.attrs.get("epsilon", 1e-5), _stash_type(ctx)
@@ -114,7 +114,7 @@ def _rms_normalization(ctx):
     return rms_normalization
 
 
-@OPS.op("LayerNormalization", 17)
+@OPS.op("LayerNormalization", 17, float16=FLOAT16_KERNEL)
 def _layer_normalization(ctx):
     axis, eps, stash = ctx.attrs.get("axis", -1), ctx.attrs.get("epsilon", 1e-5), _stash_type(ctx)
 
@@ -166,7 +166,7 @@ def _lrn(ctx):
     return lrn
 
 
-@OPS.op("Dropout", 7, 10, 12, 13, 22, static_inputs=(1, 2))
+@OPS.op("Dropout", 7, 10, 12, 13, 22, static_inputs=(1, 2), float16=Float16(kernel_since=7, kernel_until=11))
 def _dropout(ctx):
     seed = ctx.attrs.get("seed")
 

@@ -111,7 +111,7 @@ def _max_pool(ctx):
             lambda core, pads, _: _reduce_window(core, init, lax.max, windows, pads, ctx.channels_last), init,
             ctx.channels_last)
         y = jnp.full(shape, init, dtype) if y is None else y
-        if ctx.has_output(1):  # (never built channels-last: optkit.onnx._layout)
+        if ctx.has_output(1):  # (never built channels-last: optkit.onnx._plans.layout)
             return y, _argmax_indices(ctx, lax.stop_gradient(x), windows, init, column_major)
         return y
 

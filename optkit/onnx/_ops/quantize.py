@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 import onnx
 
+from optkit.onnx._base.values import onnx_dtype
 from optkit.onnx._ops._common import axis_index
-from optkit.onnx._ops._registry import Family, Fusion
-from optkit.onnx._ops._values import onnx_dtype
+from optkit.onnx._ops._registry import Family, Float16, Fusion
 from optkit.onnx._ops.elementwise import FLOAT8, cast_to
 from optkit.onnx._ops.nn import build_conv
 
@@ -95,7 +95,7 @@ def _quantize(x, scale, zero_point, dtype, precision=None, saturate=True):
     return jnp.clip(q, low, high).astype(dtype)
 
 
-@OPS.op("QuantizeLinear", 10, 13, 19, 21, 23, 24, 25, 28)
+@OPS.op("QuantizeLinear", 10, 13, 19, 21, 23, 24, 25, 28, float16=Float16(kernel_since=19))
 def _quantize_linear(ctx):
     axis, block_size = int(ctx.attrs.get("axis", 1)), int(ctx.attrs.get("block_size", 0))
     precision = ctx.attrs.get("precision", 0)
@@ -114,7 +114,7 @@ def _quantize_linear(ctx):
 
 @OPS.op("DequantizeLinear", 10, 13, 19, 21, 23, 24, 25, 28,
         fusion=Fusion("QuantizeLinear", lambda q, dq: same_quantization(q, dq),
-                      lambda ctx, q_attrs: straight_through(ctx, q_attrs)))
+                      lambda ctx, q_attrs: straight_through(ctx, q_attrs)), float16=Float16(kernel_since=19))
 def _dequantize_linear(ctx):
     axis, block_size = int(ctx.attrs.get("axis", 1)), int(ctx.attrs.get("block_size", 0))
     declared = ctx.attrs.get("output_dtype", 0)

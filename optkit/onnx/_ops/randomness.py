@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from optkit.onnx._base.values import onnx_dtype
 from optkit.onnx._ops._common import node_key
-from optkit.onnx._ops._registry import Family
-from optkit.onnx._ops._values import onnx_dtype
+from optkit.onnx._ops._registry import FLOAT16_KERNEL, Family
 
 OPS = Family("randomness")
 
@@ -60,8 +60,8 @@ def _random(ctx, normal):
     return random
 
 
-@OPS.op("RandomUniformLike", 1, 22, params=(False,))
-@OPS.op("RandomNormalLike", 1, 22, params=(True,))
+@OPS.op("RandomUniformLike", 1, 22, params=(False,), float16=FLOAT16_KERNEL)
+@OPS.op("RandomNormalLike", 1, 22, params=(True,), float16=FLOAT16_KERNEL)
 def _random_like(ctx, normal):
     def random_like(x):
         return _draw(ctx, normal, jnp.shape(x), _dtype(ctx, x))

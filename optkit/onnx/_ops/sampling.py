@@ -27,10 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from optkit.onnx._errors import RUNS_IN_SEGMENTS, ValueDependentError
+from optkit.onnx._base.errors import RUNS_IN_SEGMENTS, ValueDependentError
+from optkit.onnx._base.values import as_static
 from optkit.onnx._ops._common import reshape
 from optkit.onnx._ops._registry import Family
-from optkit.onnx._ops._values import as_static
 
 OPS = Family("sampling")
 

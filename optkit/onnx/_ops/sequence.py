@@ -20,9 +20,9 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from optkit.onnx._base.values import onnx_dtype
 from optkit.onnx._ops._common import body_runner
-from optkit.onnx._ops._registry import Family
-from optkit.onnx._ops._values import onnx_dtype
+from optkit.onnx._ops._registry import Family, Float16
 
 OPS = Family("sequence")
 
@@ -63,7 +63,7 @@ def _sequence_empty(ctx):
     return lambda: []
 
 
-@OPS.op("SequenceConstruct", 11)
+@OPS.op("SequenceConstruct", 11, float16=Float16(kernel_since=11))
 def _sequence_construct(ctx):
     def sequence_construct(*inputs):
         if not inputs:
@@ -76,7 +76,7 @@ def _sequence_construct(ctx):
     return sequence_construct
 
 
-@OPS.op("SequenceAt", 11, static_inputs=(1,))
+@OPS.op("SequenceAt", 11, static_inputs=(1,), float16=Float16(kernel_since=11))
 def _sequence_at(ctx):
     def sequence_at(input_sequence, position):
         seq = _sequence(ctx, input_sequence)
@@ -117,7 +117,7 @@ def _sequence_length(ctx):
     return lambda input_sequence: np.asarray(len(_sequence(ctx, input_sequence)), np.int64)
 
 
-@OPS.op("SplitToSequence", 11, 24, static_inputs=(1,))
+@OPS.op("SplitToSequence", 11, 24, static_inputs=(1,), float16=Float16(kernel_since=11))
 def _split_to_sequence(ctx):
     axis_attr, keepdims = int(ctx.attrs.get("axis", 0)), bool(ctx.attrs.get("keepdims", 1))
 
@@ -193,19 +193,19 @@ def _sequence_map(ctx):
     return sequence_map
 
 
-@OPS.op("Optional", 15, 28)
+@OPS.op("Optional", 15, 28, float16=Float16(kernel_since=15))
 def _optional(ctx):
     if not (ctx.inputs and ctx.inputs[0]) and ctx.attrs.get("type") is None:
         raise ctx.error("an empty Optional needs its 'type' attribute")
     return lambda input=None: input  # noqa: A002 (ONNX's name)
 
 
-@OPS.op("OptionalHasElement", 15, 18, 28, static_outputs=True)
+@OPS.op("OptionalHasElement", 15, 18, 28, static_outputs=True, float16=Float16(kernel_since=18))
 def _optional_has_element(ctx):
     return lambda input=None: np.asarray(input is not None)  # noqa: A002 (ONNX's name)
 
 
-@OPS.op("OptionalGetElement", 15, 18, 28)
+@OPS.op("OptionalGetElement", 15, 18, 28, float16=Float16(kernel_since=15))
 def _optional_get_element(ctx):
     def optional_get_element(input=None):  # noqa: A002 (ONNX's name)
         if input is None:

@@ -18,12 +18,12 @@ import numpy as np
 from jax import lax
 
 from optkit.onnx._ops._common import aligned, axis_index, axis_indices, checked_indices, reshape, take
-from optkit.onnx._ops._registry import ELEMENTWISE, Family, Layout, NodeContext
+from optkit.onnx._ops._registry import ELEMENTWISE, FLOAT16_KERNEL, MOVES_FLOAT16, Family, Float16, Layout, NodeContext
 
 OPS = Family("shape")
 
 
-@OPS.op("Flatten", 1, 9, 11, 13, 21, 23, 24, 25)
+@OPS.op("Flatten", 1, 9, 11, 13, 21, 23, 24, 25, float16=MOVES_FLOAT16)
 def _flatten(ctx):
     axis = ctx.attrs.get("axis", 1)
 
@@ -38,7 +38,7 @@ def _flatten(ctx):
     return flatten
 
 
-@OPS.op("Reshape", 5, 13, 14, 19, 21, 23, 24, 25, static_inputs=(1,))
+@OPS.op("Reshape", 5, 13, 14, 19, 21, 23, 24, 25, static_inputs=(1,), float16=MOVES_FLOAT16)
 def _reshape(ctx):
     allowzero = bool(ctx.attrs.get("allowzero", 0))
 
@@ -73,7 +73,7 @@ def _reshape(ctx):
     return reshape_node
 
 
-@OPS.op("Transpose", 1, 13, 21, 23, 24, 25, layout=Layout("transpose"))
+@OPS.op("Transpose", 1, 13, 21, 23, 24, 25, layout=Layout("transpose"), float16=MOVES_FLOAT16)
 def _transpose(ctx):
     perm = ctx.attrs.get("perm")
 
@@ -87,7 +87,7 @@ def _transpose(ctx):
     return transpose
 
 
-@OPS.op("Concat", 4, 11, 13, layout=Layout("concat"))
+@OPS.op("Concat", 4, 11, 13, layout=Layout("concat"), float16=Float16(kernel_since=4, moves_data=True))
 def _concat(ctx):
     axis = ctx.attrs["axis"]
 
@@ -112,7 +112,7 @@ def _axes_attribute_or_input(ctx: NodeContext, axes: Any) -> list[int] | None:
     return None if axes is None else [int(a) for a in axes.reshape(-1)]
 
 
-@OPS.op("Unsqueeze", 1, 11, 13, 21, 23, 24, 25, static_inputs=(1,))
+@OPS.op("Unsqueeze", 1, 11, 13, 21, 23, 24, 25, static_inputs=(1,), float16=MOVES_FLOAT16)
 def _unsqueeze(ctx):
     def unsqueeze(x, axes=None):
         values = _axes_attribute_or_input(ctx, axes)
@@ -124,7 +124,7 @@ def _unsqueeze(ctx):
     return unsqueeze
 
 
-@OPS.op("Squeeze", 1, 11, 13, 21, 23, 24, 25, static_inputs=(1,))
+@OPS.op("Squeeze", 1, 11, 13, 21, 23, 24, 25, static_inputs=(1,), float16=MOVES_FLOAT16)
 def _squeeze(ctx):
     def squeeze(x, axes=None):
         values = _axes_attribute_or_input(ctx, axes)
@@ -140,12 +140,12 @@ def _squeeze(ctx):
     return squeeze
 
 
-@OPS.op("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25, layout=ELEMENTWISE)
+@OPS.op("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25, layout=ELEMENTWISE, float16=MOVES_FLOAT16)
 def _identity(ctx):
     return lambda x: x
 
 
-@OPS.op("Shape", 1, 13, 15, 19, 21, 23, 24, 25, static_outputs=True)
+@OPS.op("Shape", 1, 13, 15, 19, 21, 23, 24, 25, static_outputs=True, float16=FLOAT16_KERNEL)
 def _shape(ctx):
     start = ctx.attrs.get("start", 0)
     end = ctx.attrs.get("end")
@@ -177,7 +177,7 @@ def _constant(ctx):
     return lambda: value
 
 
-@OPS.op("Gather", 1, 11, 13)
+@OPS.op("Gather", 1, 11, 13, float16=MOVES_FLOAT16)
 def _gather(ctx):
     axis = ctx.attrs.get("axis", 0)
 
@@ -189,7 +189,7 @@ def _gather(ctx):
     return gather
 
 
-@OPS.op("GatherElements", 11, 13)
+@OPS.op("GatherElements", 11, 13, float16=Float16(kernel_since=11, moves_data=True))
 def _gather_elements(ctx):
     axis = ctx.attrs.get("axis", 0)
 
@@ -211,7 +211,7 @@ def _gather_elements(ctx):
     return gather_elements
 
 
-@OPS.op("Slice", 1)
+@OPS.op("Slice", 1, float16=MOVES_FLOAT16)
 def _slice_1(ctx):
     """Version 1: ``starts``, ``ends`` and ``axes`` are attributes."""
     starts, ends = np.asarray(ctx.attrs.get("starts", [])), np.asarray(ctx.attrs.get("ends", []))
@@ -220,7 +220,7 @@ def _slice_1(ctx):
     return lambda x: slice_(x, starts, ends, None if axes is None else np.asarray(axes))
 
 
-@OPS.op("Slice", 10, 11, 13, static_inputs=(1, 2, 3, 4))
+@OPS.op("Slice", 10, 11, 13, static_inputs=(1, 2, 3, 4), float16=MOVES_FLOAT16)
 def _slice(ctx):
     def slice_(x, starts, ends, axes=None, steps=None):
         starts = [int(v) for v in starts.reshape(-1)]
@@ -255,7 +255,7 @@ def _ints(value: np.ndarray) -> list[int]:
     return [int(v) for v in value.reshape(-1)]
 
 
-@OPS.op("Expand", 8, 13, static_inputs=(1,))
+@OPS.op("Expand", 8, 13, static_inputs=(1,), float16=Float16(kernel_since=8, moves_data=True))
 def _expand(ctx):
     def expand(x, shape):
         target = _ints(shape)
@@ -271,7 +271,7 @@ def _expand(ctx):
     return expand
 
 
-@OPS.op("ConstantOfShape", 9, 20, 21, 23, 24, 25, static_inputs=(0,))
+@OPS.op("ConstantOfShape", 9, 20, 21, 23, 24, 25, static_inputs=(0,), float16=Float16(kernel_since=9))
 def _constant_of_shape(ctx):
     value = ctx.attrs.get("value")
     value = np.zeros((1,), np.float32) if value is None else np.asarray(value)
@@ -326,7 +326,7 @@ def _tile(ctx):
     return tile
 
 
-@OPS.op("Split", 2, 11, 13, 18, static_inputs=(1,))
+@OPS.op("Split", 2, 11, 13, 18, static_inputs=(1,), float16=Float16(kernel_since=2, moves_data=True))
 def _split(ctx):
     axis = ctx.attrs.get("axis", 0)
     num_outputs = ctx.attrs.get("num_outputs")
@@ -400,7 +400,7 @@ def _pad(ctx):
     return pad
 
 
-@OPS.op("GatherND", 11, 12, 13)
+@OPS.op("GatherND", 11, 12, 13, float16=Float16(kernel_since=11, moves_data=True))
 def _gather_nd(ctx):
     batch_dims = int(ctx.attrs.get("batch_dims", 0))
 

@@ -11,12 +11,12 @@ import numpy as np
 from jax import lax
 
 from optkit.onnx._ops._common import axis_index
-from optkit.onnx._ops._registry import Family
+from optkit.onnx._ops._registry import Family, Float16
 
 OPS = Family("state")
 
 
-@OPS.op("TensorScatter", 24)
+@OPS.op("TensorScatter", 24, float16=Float16(kernel_since=24))
 def _tensor_scatter(ctx):
     """``present = past`` with ``update`` written along ``axis`` from each batch row's ``write_indices`` (0 without
     them), wrapping around the cache's length in ``"circular"`` mode; writes past the end are dropped."""

@@ -4,7 +4,7 @@ bag-of-n-grams features.
 
 Strings are NumPy object arrays of ``str`` computed on the host: a STRING graph input is static (known before
 running, one compile per value), the string operators run while the graph is traced, and a string output leaves
-the compiled program as the value computed then (:data:`optkit.onnx._ops._values.STRING`). ``RegexFullMatch``
+the compiled program as the value computed then (:data:`optkit.onnx._base.values.STRING`). ``RegexFullMatch``
 matches with Python's ``re`` (ONNX specifies RE2's syntax, which Python's accepts for the common patterns; a
 pattern Python rejects is an error naming the node).
 
@@ -24,8 +24,8 @@ import re
 import jax.numpy as jnp
 import numpy as np
 
+from optkit.onnx._base.values import STRING, is_string, string_array
 from optkit.onnx._ops._registry import Family
-from optkit.onnx._ops._values import STRING, is_string, string_array
 
 OPS = Family("text")
 

@@ -20,8 +20,8 @@ import jax.numpy as jnp
 
 import optkit.ops
 from optkit._src.gradient import check_gradient_names
+from optkit.onnx._base.values import TRAINING_DOMAIN
 from optkit.onnx._ops._registry import Family, GradientRequest, NodeContext
-from optkit.onnx._ops._values import TRAINING_DOMAIN
 
 # optimizer -> its tensor kinds after R, T (SPEC 1, 3, 4): G is read, the others are updated (X_new, ...).
 OPTIMIZER_KINDS = {"Adagrad": ("X", "G", "H"), "Adam": ("X", "G", "V", "H"), "Momentum": ("X", "G", "V")}

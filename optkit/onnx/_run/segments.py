@@ -29,9 +29,9 @@ import numpy as np
 from jax.experimental import checkify
 
 from optkit import Graph
-from optkit.onnx._errors import ValueDependentError
-from optkit.onnx._ops._values import is_string
-from optkit.onnx._tracing import tracing
+from optkit.onnx._base.errors import ValueDependentError
+from optkit.onnx._base.tracing import tracing
+from optkit.onnx._base.values import is_string
 
 _log = logging.getLogger("optkit.onnx")
 
@@ -63,9 +63,9 @@ class _Segment:
     """Nodes compiled together: reads ``inputs`` from the run's values, adds ``wanted`` (what later nodes and the
     outputs need) back. Compiled per (which inputs are constants, the signature of the others)."""
 
-    def __init__(self, runner: Any, nodes: tuple, inputs: tuple[str, ...], wanted: tuple[str, ...],
+    def __init__(self, graph: Graph, nodes: tuple, inputs: tuple[str, ...], wanted: tuple[str, ...],
                  options: dict[str, Any] | None, checks: bool) -> None:
-        self._runner, self.nodes, self.inputs, self.wanted = runner, nodes, inputs, wanted
+        self._graph, self.nodes, self.inputs, self.wanted = graph, nodes, inputs, wanted
         self._options, self._checks = options, checks
         self._compiled: dict[Any, tuple[Any, tuple[str, ...], dict[str, np.ndarray]]] = {}
 
@@ -79,7 +79,7 @@ class _Segment:
             with tracing(checks=self._checks):
                 for i, node in enumerate(self.nodes):
                     try:
-                        self._runner.run((node,), env)
+                        self._graph.run_plan((node,), env)
                     except ValueDependentError as err:
                         raise _Split(i, err) from None
             for name in self.wanted:
@@ -125,7 +125,7 @@ class SegmentedRun:
 
     def __init__(self, graph: Graph, outputs: Sequence[str], static: Mapping[str, np.ndarray],
                  *, options: dict[str, Any] | None = None, checks: bool = False) -> None:
-        self._runner = graph._analyzed()
+        self._graph = graph
         self._outputs = tuple(outputs)
         self._constants = dict(graph.initializers)
         self._constants.update(static)
@@ -135,22 +135,22 @@ class SegmentedRun:
 
     def _needs_after(self, nodes: tuple) -> list[set[str]]:
         """For each position, the names that the nodes from there on and the outputs read."""
-        deps = self._runner._analysis.deps
+        deps = self._graph.dependencies
         needs = [set(self._outputs)]
         for node in reversed(nodes):
-            needs.append(needs[-1] | set(deps[node]))
+            needs.append(needs[-1] | set(deps(node)))
         return needs[::-1]
 
     def _segment(self, nodes: tuple, known: set[str], after: set[str]) -> _Segment:
-        deps = self._runner._analysis.deps
+        deps = self._graph.dependencies
         produced = {out for node in nodes for out in node.outputs if out}
-        inputs = tuple(dict.fromkeys(n for node in nodes for n in deps[node] if n not in produced and n in known))
+        inputs = tuple(dict.fromkeys(n for node in nodes for n in deps(node) if n not in produced and n in known))
         wanted = tuple(sorted(produced & after))
-        return _Segment(self._runner, nodes, inputs, wanted, self._options, self._checks)
+        return _Segment(self._graph, nodes, inputs, wanted, self._options, self._checks)
 
     def _eager(self, node: Any, env: dict[str, Any]) -> None:
         with tracing():  # ONNX's 64-bit types narrowed unwarned per node, as in the segments
-            self._runner.run((node,), env)
+            self._graph.run_plan((node,), env)
         for name in node.outputs:  # concrete results: fed to the next segment as values, not constants
             value = env.get(name)
             if name and isinstance(value, np.ndarray | np.generic | list) and not is_string(value):
@@ -159,7 +159,7 @@ class SegmentedRun:
     def _plan(self, env: dict[str, Any]) -> list[Any]:
         """Find the split while running: trace what is left, and where it stops, compile the part before the
         node and run the node with concrete values."""
-        nodes = self._runner.plan(self._outputs, frozenset(env))
+        _, nodes = self._graph.plan(self._outputs, env)
         needs = self._needs_after(nodes)
         steps: list[Any] = []
         start = 0

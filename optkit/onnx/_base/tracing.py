@@ -1,6 +1,7 @@
 """The trace-time options of a graph trace, read by the operators while the graph is traced: index checks
 (``checks=True``), the run's random key and, inside a scanned run of layers, each random node's stream number. Set
-by the runners (:func:`optkit.onnx._feeds.graph_function`, :mod:`optkit.onnx._segments`) with :func:`tracing`; read
+by the runners (:func:`optkit.onnx._run.program.graph_function`, :mod:`optkit.onnx._run.segments`) with
+:func:`tracing`; read
 by the operator families (:mod:`optkit.onnx._ops`). Each is a ``contextvars.ContextVar``: a trace sees the options
 of the call that traces it, on any thread."""
 
@@ -53,7 +54,7 @@ def random_key_active() -> Any:
     return _RANDOM_KEY.get()
 
 
-# Inside a scanned run of layers (optkit.onnx._scan): block 0's node names -> the traced stream number of the
+# Inside a scanned run of layers (optkit.onnx._plans.layers): block 0's node names -> the traced stream number of the
 # block being run, so that each layer's random operators draw what they draw unrolled.
 _NODE_STREAMS = contextvars.ContextVar("optkit_onnx_node_streams", default=None)
 
@@ -72,8 +73,8 @@ def node_stream(name: str) -> Any:
     return zlib.crc32(name.encode()) & 0x7FFFFFFF
 
 
-# While a graph is traced, ONNX Runtime's float16 plan (optkit.onnx._float16): {id(a float16 value): (the value, the
-# float32 value it rounds, whether a node moved to float32 made it)}. None outside a trace: no plan.
+# While a graph is traced, ONNX Runtime's float16 plan (optkit.onnx._plans.float16): {id(a float16 value): (the
+# value, the float32 value it rounds, whether a node moved to float32 made it)}. None outside a trace: no plan.
 _FLOAT16_SHADOWS = contextvars.ContextVar("optkit_onnx_float16_shadows", default=None)
 
 

@@ -24,29 +24,23 @@ operator needs before running, a carry whose type changes) runs unrolled, the ca
 logger.
 
 Random operators draw from the same per-node streams as unrolled (the per-layer node name is scanned along, see
-:func:`optkit.onnx._tracing.node_streams`), so outputs and gradients are the unrolled form's to rounding; so does a
-float16 model's plan (:mod:`optkit.onnx._float16`: a first block whose carry is float16 runs unrolled).
+:func:`optkit.onnx._base.tracing.node_streams`), so outputs and gradients are the unrolled form's to rounding; so does a
+float16 model's plan (:mod:`optkit.onnx._plans.float16`: a first block whose carry is float16 runs unrolled).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import zlib
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from optkit import Graph
 from optkit._src.graph.nodes import GraphNode
-from optkit.onnx._float16 import WideCarry, needs_first_block
-from optkit.onnx._ops._common import sharded_like
-from optkit.onnx._tracing import node_streams, random_key_active
 
-__all__ = ["Layers", "Run", "find_layers", "layers_of", "evaluate", "node_key", "MIN_BLOCK", "AUTO_MIN_BLOCKS"]
+__all__ = ["Layers", "Run", "find_layers", "layers_of", "node_key", "stacked_name", "MIN_BLOCK", "AUTO_MIN_BLOCKS"]
 
 _log = logging.getLogger("optkit.onnx")
 
@@ -110,16 +104,12 @@ class Layers:
     def __bool__(self) -> bool:
         return bool(self.runs)
 
-    def evaluate(self, graph: Graph, feeds: Mapping[str, Any], outputs: Sequence[str]) -> dict[str, Any]:
-        """:func:`evaluate` with these runs."""
-        return evaluate(graph, self, feeds, outputs)
-
 
 # ------------------------------------------------------------------ finding the runs
 
 def layers_of(loaded: Any, scan_layers: bool | None, remat_layers: bool) -> Layers | None:
     """The runs a runner scans: those of a converted model (``loaded``, a
-    :class:`~optkit.onnx._convert.Converted`) with ``scan_layers`` True, those of :data:`AUTO_MIN_BLOCKS` blocks
+    :class:`~optkit.onnx._load.convert.Converted`) with ``scan_layers`` True, those of :data:`AUTO_MIN_BLOCKS` blocks
     or more with None, none (None returned) with False; ``remat_layers`` puts the scanned body under
     ``jax.checkpoint``.
 
@@ -150,8 +140,7 @@ def find_layers(graph: Graph, keys: Mapping[Any, Hashable | None], min_blocks: i
     Gradient nodes are left unrolled (their sub-graphs cut across layers). Bounded work: blocks of
     :data:`MIN_BLOCK` to :data:`MAX_BLOCK` nodes, :data:`MAX_CUTS` cuts checked (a graph of 65,536 nodes is
     searched in about a second)."""
-    analysis = graph._analyzed()._analysis
-    order = list(analysis.order)
+    order = list(graph.order)
     if len(order) < min_blocks * MIN_BLOCK or any(not isinstance(node, GraphNode) for node in order):
         return Layers((), {})
     ids: dict[Hashable, int] = {}
@@ -168,7 +157,7 @@ def find_layers(graph: Graph, keys: Mapping[Any, Hashable | None], min_blocks: i
                 candidates.append((int(stop - start + length), length, int(start), int(stop + length)))
     candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
     position = {node: i for i, node in enumerate(order)}
-    producer = analysis.tensors.producer
+    producer = graph.producers
     readers: dict[str, list[int]] = {}
     for i, node in enumerate(order):
         for name in node.inputs:
@@ -183,7 +172,7 @@ def find_layers(graph: Graph, keys: Mapping[Any, Hashable | None], min_blocks: i
             break
         if taken[start:stop].any():
             continue
-        run = _best_phase(order, position, producer, readers, outputs, length, start, stop, budget)
+        run = _best_phase(_Flow(order, position, producer, readers, outputs), length, start, stop, budget)
         if run is not None and run.carry:  # (blocks side by side, not chained: left to XLA's fusion)
             first = position[run.blocks[0][0]]
             taken[first:first + run.nodes] = True
@@ -192,7 +181,18 @@ def find_layers(graph: Graph, keys: Mapping[Any, Hashable | None], min_blocks: i
     return Layers(tuple(runs), member)
 
 
-def _best_phase(order, position, producer, readers, outputs, length, start, stop, budget) -> Run | None:
+class _Flow(NamedTuple):
+    """A graph's data flow as the search for runs reads it: the nodes in order, each node's position, each
+    tensor's producer, each tensor's readers (positions) and the graph's outputs."""
+
+    order: list
+    position: dict
+    producer: Mapping[str, Any]
+    readers: dict[str, list[int]]
+    outputs: set[str]
+
+
+def _best_phase(flow: _Flow, length: int, start: int, stop: int, budget: list[int]) -> Run | None:
     """The valid cut of the periodic stretch ``order[start:stop]`` into blocks of ``length`` nodes with the
     most blocks, then the fewest carried tensors (the first with one carried tensor taken at once); each cut
     checked spends one of ``budget[0]``."""
@@ -202,7 +202,7 @@ def _best_phase(order, position, producer, readers, outputs, length, start, stop
             break
         budget[0] -= 1
         count = (stop - phase) // length
-        run = _cut(order, position, producer, readers, outputs, length, phase, count)
+        run = _cut(flow, length, phase, count)
         if run is not None and (best is None or (len(run.blocks), -len(run.carry)) >
                                 (len(best.blocks), -len(best.carry))):
             best = run
@@ -211,9 +211,10 @@ def _best_phase(order, position, producer, readers, outputs, length, start, stop
     return best
 
 
-def _cut(order, position, producer, readers, outputs, length, first, count) -> Run | None:
-    """The run of ``count`` blocks of ``length`` nodes from ``order[first]``, or None if its data flow is not
+def _cut(flow: _Flow, length: int, first: int, count: int) -> Run | None:
+    """The run of ``count`` blocks of ``length`` nodes from ``flow.order[first]``, or None if its data flow is not
     the same in every block (see the module docstring)."""
+    order, position, producer, readers, outputs = flow
     end = first + length * count
     blocks = tuple(tuple(order[first + k * length:first + (k + 1) * length]) for k in range(count))
 
@@ -299,152 +300,8 @@ def node_key(node: Any, version: int, fused: Sequence[Any] = ()) -> tuple:
             tuple((p.domain, p.op_type, tuple(a.SerializeToString() for a in p.attribute)) for p in fused))
 
 
-# ------------------------------------------------------------------ running them
-
-def evaluate(graph: Graph, layers: Layers, feeds: Mapping[str, Any], outputs: Sequence[str]) -> dict[str, Any]:
-    """:meth:`optkit.Graph.evaluate` with each run of ``layers`` that the outputs need as one ``jax.lax.scan``
-    (its body under ``jax.checkpoint`` if ``layers.remat``)."""
-    names, _, runner = graph._requested(list(outputs))
-    env = dict(graph.initializers)
-    env.update(feeds)
-    plan = runner.plan(names, frozenset(env))
-    wanted = set(plan)
-    done: set[int] = set()
-    pending: list = []
-    for node in plan:
-        r = layers.member.get(node)
-        if r is None or r in layers.unrolled:
-            pending.append(node)
-            continue
-        if r in done:
-            continue
-        runner.run(pending, env)
-        pending = []
-        done.add(r)
-        run = layers.runs[r]
-        for start, stop in _same_shapes(run, env):  # (a stage's blocks of other widths: scanned apart)
-            if stop - start >= 2 and needs_first_block(env, run.part(start, stop).initial):
-                runner.run([n for n in run.blocks[start] if n in wanted], env)  # (optkit.onnx._float16)
-                start += 1
-            part = run.part(start, stop)
-            try:
-                if stop - start < 2:
-                    raise _Unrolled
-                env.update(_scanned(part, env, layers.remat))
-            except Exception as err:  # noqa: BLE001 - any failure of the scanned trace: unrolled, as before
-                if not isinstance(err, _Unrolled):
-                    layers.unrolled.add(r)
-                    _log.info("runs unrolled: %s, because %s: %s", part.describe(), type(err).__name__,
-                              str(err).splitlines()[0] if str(err) else "")
-                runner.run([n for block in part.blocks for n in block if n in wanted], env)
-    runner.run(pending, env)
-    return {name: env[name] for name in names}
-
-
-class _Unrolled(Exception):
-    """A single block: run as it is."""
-
-
-def _same_shapes(run: Run, env: Mapping[str, Any]) -> list[tuple[int, int]]:
-    """The run's blocks cut where the per-layer inputs change shape or dtype (ResNet's stages), as
-    ``(start, stop)`` ranges."""
-    def signature(k):
-        return tuple((np.shape(env[names[k]]), jnp.result_type(env[names[k]])) if names[k] in env else None
-                     for names in run.layer_names)
-
-    cuts, start = [], 0
-    for k in range(1, len(run.blocks) + 1):
-        if k == len(run.blocks) or signature(k) != signature(start):
-            cuts.append((start, k))
-            start = k
-    return cuts
-
-
 def stacked_name(names: Sequence[str]) -> str:
     """The feed name under which a runner gives the tensors ``names`` (one per block of a run) already stacked:
-    :func:`evaluate` reads it instead of stacking them (not a name an ONNX graph can hold: it starts with NUL)."""
+    :func:`optkit.onnx._run.scanned.evaluate` reads it instead of stacking them (not a name an ONNX graph can hold:
+    it starts with NUL)."""
     return "\x00stacked\x00" + "\x00".join(names)
-
-
-def _equal_constants(values: list) -> bool:
-    first = values[0]
-    return all(isinstance(v, np.ndarray) for v in values) and all(
-        v.dtype == first.dtype and v.shape == first.shape and np.array_equal(v, first) for v in values[1:])
-
-
-def _scanned(run: Run, env: Mapping[str, Any], remat: bool) -> dict[str, Any]:
-    """The run's outputs (every tensor read after it), computed by one ``jax.lax.scan``."""
-    blocks, count = run.blocks, len(run.blocks)
-    carried = WideCarry([env[name] for name in run.initial], run.initial)  # (optkit.onnx._float16)
-    invariant: dict[int, Any] = {}  # a per-layer input whose values are equal NumPy constants stays static
-    stacked: list[Any] = []
-    stacked_index: dict[int, int] = {}
-    for x, names in enumerate(run.layer_names):
-        ready = env.get(stacked_name(names))
-        if ready is not None:  # stacked once by the runner (a frozen base: to_jax(..., lora=))
-            stacked_index[x] = len(stacked)
-            stacked.append(ready)
-            continue
-        values = [env[name] for name in names]
-        if _equal_constants(values):
-            invariant[x] = values[0]
-        else:
-            stacked_index[x] = len(stacked)
-            stacked.append(np.stack(values) if all(isinstance(v, np.ndarray) for v in values)
-                           else jnp.stack([jnp.asarray(v) for v in values]))
-    key = random_key_active()
-    salts = None
-    if key is not None:  # the per-layer name of every node, for the random operators' streams
-        salts = np.array([[zlib.crc32(node.name.encode()) & 0x7FFFFFFF for node in block] for block in blocks],
-                         np.uint32)
-    first = blocks[0]
-    slot_values = {name: env[name] for row in run.slots for slot in row if slot[0] == "invariant"
-                   for name in slot[1:]}
-
-    def body(carry, xs):
-        layer, salt = xs
-        carry = carried.unpack(carry)
-        produced: list[tuple] = []
-        streams = None if salt is None else {node.name: salt[p] for p, node in enumerate(first)}
-        with node_streams(streams):
-            for p, node in enumerate(first):
-                values = []
-                for slot in run.slots[p]:
-                    kind = slot[0]
-                    if kind == "internal":
-                        values.append(produced[slot[1]][slot[2]])
-                    elif kind == "carry":
-                        values.append(carry[slot[1]])
-                    elif kind == "invariant":
-                        values.append(slot_values[slot[1]])
-                    elif kind == "layer":
-                        x = slot[1]
-                        values.append(invariant[x] if x in invariant else layer[stacked_index[x]])
-                    else:
-                        values.append(None)
-                produced.append(tuple(node(values)))
-        new = tuple(_like(produced[q][o], old) for (q, o), old in zip(run.carry, carry, strict=True))
-        new = carried.pack(new, [first[q].outputs[o] for q, o in run.carry], _like)
-        return new, tuple(produced[q][o] for q, o in run.stacked_outputs)
-
-    if remat:
-        body = jax.checkpoint(body)
-    final, ys = jax.lax.scan(body, carried.init, (tuple(stacked), salts), length=count)
-    final = carried.unpack(final, [blocks[-1][q].outputs[o] for q, o in run.carry])
-    out: dict[str, Any] = {}
-    for (q, o), values in zip(run.stacked_outputs, ys, strict=True):
-        for k, block in enumerate(blocks):
-            if block[q].outputs[o]:
-                out[block[q].outputs[o]] = values[k]
-    for (q, o), value in zip(run.carry, final, strict=True):
-        out[blocks[-1][q].outputs[o]] = value
-    return out
-
-
-def _like(new: Any, old: Any) -> Any:
-    """The carry's new value in the old one's type (its explicit mesh axes included); a changed shape or dtype
-    raises (the run is then unrolled)."""
-    if np.shape(new) != np.shape(old) or jnp.result_type(new) != jnp.result_type(old):
-        raise TypeError(f"the carried value changes from {jnp.result_type(old)}{list(np.shape(old))} to "
-                        f"{jnp.result_type(new)}{list(np.shape(new))} across a block")
-    return sharded_like(new, old)

@@ -1,9 +1,9 @@
 """Feeding a loaded model, for both runners: naming and checking the fed values, the dtype policy and the traced
-graph function (its trace-time options: :mod:`optkit.onnx._tracing`).
+graph function (its trace-time options: :mod:`optkit.onnx._base.tracing`).
 
 :class:`~optkit.onnx.BackendRep` (``prepare``) and :class:`~optkit.onnx.OnnxFunction` (``to_jax``) are thin
 siblings over this module: each names its feeds with :meth:`Feeds.named`, checks and converts them with
-:meth:`Feeds.check`, and runs :func:`graph_function`.
+:meth:`Feeds.check`, and runs :func:`~optkit.onnx._run.program.graph_function`.
 
 The dtype policy (docs page "ONNX models as JAX functions", "Integer and 64-bit types"): a declared ONNX type
 runs as the dtype JAX gives it under the caller's 64-bit setting (``jax.dtypes.canonicalize_dtype``): with
@@ -19,25 +19,19 @@ ONNX converts nothing implicitly.
 from __future__ import annotations
 
 import logging
-import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.experimental import checkify
 
-from optkit import Graph
 from optkit._src.graph.names import shape_text
-from optkit.onnx._ops._values import STRING, is_mapped, is_string, release_pages, string_array
-from optkit.onnx._scan import stacked_name
-from optkit.onnx._tracing import tracing
+from optkit.onnx._base.values import STRING, string_array
 
 _log = logging.getLogger("optkit.onnx")
 
-__all__ = ["Feeds", "graph_function", "static_key", "run_dtype"]
+__all__ = ["Feeds", "run_dtype"]
 
 
 # ------------------------------------------------------------------ the dtype policy
@@ -226,193 +220,3 @@ class Feeds:
         static = {name: np.asarray(value) for name, value in feeds.items()
                   if name in self.static and not isinstance(value, jax.core.Tracer)}  # (strings are among them)
         return static, tuple(name for name in feeds if name not in static)
-
-
-# ------------------------------------------------------------------ the traced graph
-
-
-def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], static: dict[str, np.ndarray],
-                   dynamic: tuple[str, ...], *, jit: bool = True, donate: tuple[int, ...] = (),
-                   options: dict[str, Any] | None = None, checks: bool = False, rng: bool = False,
-                   layers: Any = None, held: Mapping[str, Any] | None = None):
-    """``f(*values)`` -> the ``outputs`` of ``graph`` fed ``dynamic`` names positionally and ``static`` values as
-    constants (the feeds checked by :class:`Feeds`), jitted with the ``donate`` positions donated and the XLA
-    ``options``, and with index checks if ``checks`` (``jax.experimental.checkify``: a compiled function raises
-    the first failed check after running; op by op, ``jit=False``, the checks are left to a caller's
-    ``checkify.checkify``); made once per ``dynamic`` names, ``donate``, ``options``, ``checks``, the caller's
-    64-bit setting and ``static`` values, kept in ``cache``. With ``rng``, ``f(key, *values)``: the random
-    operators draw from the typed ``key`` (:func:`random_key`).
-    Each call that compiles (the first, new input shapes or dtypes, new static values) is logged at INFO on the
-    ``optkit.onnx`` logger with its cause and its time. ``layers`` (:class:`optkit.onnx._scan.Layers`, when
-    true) runs the graph's repeated blocks as scans. ``held`` (``{initializer: array}``, compiled only): initializers
-    given to the compiled program as arguments after ``values`` instead of as constants (the weights mapped from
-    external data, whose bytes a constant would copy into the program)."""
-    key = (dynamic, donate, tuple(sorted((options or {}).items())), checks, rng,
-           bool(jax.config.jax_enable_x64),
-           static_key(static))
-    fn = cache.get(key)
-    if fn is None:
-        outputs = list(outputs)
-        host: dict[int, np.ndarray] = {}
-
-        kept = tuple(held or ()) if jit else ()
-        kept_values = tuple((held or {})[name] for name in kept)
-
-        def run(*values):
-            drawn, values = (values[0], values[1:]) if rng else (None, values)
-            if kept:
-                values, given = values[:len(values) - len(kept)], values[len(values) - len(kept):]
-            feeds = dict(zip(dynamic, values))
-            if kept:
-                feeds.update(zip(kept, given))
-            feeds.update(static)
-            start = time.perf_counter()
-            with tracing(checks=checks, key=drawn):
-                result = (layers.evaluate(graph, feeds, outputs) if layers
-                          else graph.evaluate(feeds, outputs, check_feeds=False))
-            if jit:
-                _log.info("traced the graph (%d nodes) in %.2f s", len(graph.nodes), time.perf_counter() - start)
-            # A string output was computed on the host from static values while tracing: it leaves the compiled
-            # program as that constant (this function is cached per static value).
-            host.update((i, result[name]) for i, name in enumerate(outputs) if is_string(result[name]))
-            return tuple(None if i in host else result[name] for i, name in enumerate(outputs))
-
-        if not jit:
-            def eager(*values):
-                out = run(*values)
-                return tuple(host.get(i, o) for i, o in enumerate(out)) if host else out
-
-            eager.traceable = run  # type: ignore[attr-defined]  # (string outputs left as None: for eval_shape)
-            fn = cache[key] = eager
-            return fn
-        if checks:  # the checks functionalized inside the compiled program, raised after it ran
-            compiled = jax.jit(checkify.checkify(run, errors=checkify.user_checks), donate_argnums=donate,
-                               compiler_options=options)
-
-            def program(*values):
-                err, out = compiled(*values)
-                err.throw()
-                return out
-        else:
-            program = jax.jit(run, donate_argnums=donate, compiler_options=options)
-
-        def jitted(*values):
-            out = program(*values, *kept_values)
-            return tuple(host.get(i, o) for i, o in enumerate(out)) if host else out
-
-        names = ("(rng key)", *dynamic) if rng else dynamic
-        seen: dict[tuple, None] = {}
-        static_changed, related = _related(cache, key)
-
-        def logged(*values):
-            # Each call that compiles (the first, and any with new input shapes or dtypes: jax.jit traces and
-            # compiles again) is timed and logged with its cause; inside a caller's jax.jit it only traces.
-            if any(isinstance(v, jax.core.Tracer) for v in values):
-                start = time.perf_counter()
-                out = jitted(*values)
-                _log.info("traced inside a caller's transformation in %.2f s", time.perf_counter() - start)
-                return out
-            signature = tuple(map(_signature, values))  # every call: 55 us for 200 arrays
-            if signature in seen:
-                return jitted(*values)
-            last = next(reversed(seen), None) or next(reversed(getattr(related, "signatures", {})), None)
-            causes = [_listed("new static values of ", static_changed)] if static_changed and not seen else []
-            if last is not None:
-                causes.append(_listed("new input shapes: ", [f"{name} {_spec(old)} -> {_spec(new)}"
-                                                              for name, old, new in zip(names, last, signature)
-                                                              if old != new]))
-            cause = "; ".join(c for c in causes if c) or "its first input shapes"
-            start = time.perf_counter()
-            out = jitted(*values)
-            jax.block_until_ready(out)
-            seen[signature] = None
-            _log.info("compiled the graph (%d nodes) for %s: %.2f s (trace, XLA compile, run)", len(graph.nodes),
-                      cause, time.perf_counter() - start)
-            return out
-
-        logged.signatures = seen  # type: ignore[attr-defined]
-        # (the jax.jit function: .lower(...) reads its HLO)
-        logged.jitted = _WithHeld(program, kept_values) if kept else program  # type: ignore[attr-defined]
-        fn = cache[key] = logged
-    return fn
-
-
-def on_device(value: np.ndarray, device: Any = None) -> jax.Array:
-    """``value`` as a device array: a weight mapped from external data, in a dtype JAX keeps (not 64-bit with x64
-    off), by ``jax.device_put``, which on the CPU makes no copy of a page-aligned array (the device array is the
-    mapped file); anything else by ``jnp.asarray`` (a copy, in JAX's dtype)."""
-    if holdable(value):
-        return jax.device_put(value, device)
-    return jax.device_put(jnp.asarray(value), device) if device is not None else jnp.asarray(value)
-
-
-def holdable(value: Any) -> bool:
-    """A value mapped from external data whose dtype JAX keeps as it is: :func:`on_device` aliases it."""
-    return is_mapped(value) and jax.dtypes.canonicalize_dtype(value.dtype) == value.dtype
-
-
-def stack_once(held: dict[str, Any], layers: Any, put: Callable[[Any], Any]) -> dict[str, Any]:
-    """The per-layer tensors of the runs of ``layers`` (:class:`optkit.onnx._scan.Layers`) that are all in
-    ``held`` (same dtype and shape), stacked once by ``put`` (each to the device) and ``jnp.stack``, under
-    :func:`~optkit.onnx._scan.stacked_name`; their names are taken out of ``held``, and the pages of those mapped
-    from external data are given back as each is stacked. A runner feeds them instead of stacking them at every
-    call (a copy of every layer's weights per step)."""
-    stacked: dict[str, Any] = {}
-    for run in layers.runs if layers else ():
-        for names in run.layer_names:
-            if all(name in held for name in names) and len({(np.dtype(held[n].dtype), np.shape(held[n]))
-                                                            for n in names}) == 1:
-                stacked[stacked_name(names)] = jnp.stack([put(held[name]) for name in names])
-                for name in names:
-                    release_pages(held.pop(name))
-    return stacked
-
-
-class _WithHeld:
-    """A compiled graph function's ``jax.jit`` function with its held initializers given after the values."""
-
-    def __init__(self, program: Any, held: tuple[Any, ...]) -> None:
-        self.program, self.held = program, held
-
-    def lower(self, *values: Any) -> Any:
-        return self.program.lower(*values, *self.held)
-
-
-def static_key(static: Mapping[str, np.ndarray]) -> tuple:
-    """The static values as a cache key: name, dtype, shape and bytes (an array of strings: the strings)."""
-    return tuple((n, v.dtype.str, v.shape, repr(v.tolist()) if v.dtype == STRING else v.tobytes())
-                 for n, v in sorted(static.items()))
-
-
-def _signature(value: Any) -> Any:
-    """What a compile depends on in a fed value: ``(shape, dtype)``; ``("sequence", those of its tensors)`` for a
-    sequence (a list); None for an empty optional."""
-    if hasattr(value, "dtype"):
-        return value.shape, value.dtype  # (str(dtype) took 0.7 ms for 200 arrays)
-    if isinstance(value, list):
-        return "sequence", tuple(map(_signature, value))
-    return None if value is None else (np.shape(value), np.result_type(value))
-
-
-def _spec(signature: Any) -> str:
-    if signature is None:
-        return "none"
-    if signature[0] == "sequence":
-        return "[" + ", ".join(map(_spec, signature[1])) + "]"
-    shape, dtype = signature
-    return f"{dtype}{list(shape)}"
-
-
-def _listed(head: str, items: list[str]) -> str:
-    return head + ", ".join(items[:4]) + (f" and {len(items) - 4} more" if len(items) > 4 else "") if items else ""
-
-
-def _related(cache: dict[Any, Any], key: tuple) -> tuple[list[str], Any]:
-    """The static inputs whose values differ between ``key`` and a function already in ``cache`` that differs from
-    it only in those values (shape tensors, a sequence length fed as a value), and that function."""
-    new = {name: rest for name, *rest in key[-1]}
-    for other, fn in reversed(list(cache.items())):  # the latest first
-        if other[:-1] == key[:-1] and other[-1] != key[-1]:
-            old = {name: rest for name, *rest in other[-1]}
-            return sorted(name for name in new.keys() | old.keys() if new.get(name) != old.get(name)), fn
-    return [], None

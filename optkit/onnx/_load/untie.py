@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import onnx
 
-from optkit.onnx._ops._values import node_name
+from optkit.onnx._base.values import node_name
 
 __all__ = ["deduplicated", "untie"]
 

@@ -1,8 +1,8 @@
 """Decoding the protobufs: initializers (sparse ones densified), declared inputs and shapes, node attributes.
 
-The second stage of loading (:mod:`optkit.onnx._load`): it turns what a graph
+The second stage of loading (:mod:`optkit.onnx._load.pipeline`): it turns what a graph
 declares into Python and NumPy values, each checked against the bounds
-(:mod:`optkit.onnx._limits`) and naming the tensor, input or attribute in its
+(:mod:`optkit.onnx._base.limits`) and naming the tensor, input or attribute in its
 errors. It runs for the model's graph and, through the converter, for every
 sub-graph.
 """
@@ -21,9 +21,9 @@ import onnx.shape_inference
 from onnx import helper
 
 from optkit._src.graph.names import shape_text
-from optkit.onnx._errors import UnsupportedOpError
-from optkit.onnx._limits import check_size
-from optkit.onnx._ops._values import DTYPES, STRING, TRAINING_DOMAIN, normalize_domain, onnx_dtype, tensor_value
+from optkit.onnx._base.errors import UnsupportedOpError
+from optkit.onnx._base.limits import check_size
+from optkit.onnx._base.values import DTYPES, STRING, TRAINING_DOMAIN, normalize_domain, onnx_dtype, tensor_value
 
 __all__ = ["InputInfo", "Declared", "decode_graph", "node_model", "parse_attributes"]
 

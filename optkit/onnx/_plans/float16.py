@@ -2,8 +2,10 @@
 the values passed between such nodes stay float32.
 
 ONNX Runtime 1.32's CPU provider registers float16 kernels for few operators (data movement, ``Cast``,
-``LayerNormalization``, ``Clip``/``Max``/``Min``, ``IsNaN``, some com.microsoft operators: :data:`NATIVE`, read from
-``onnxruntime.capi._pybind_state.get_all_opkernel_def()``). Every other node with a float16 input runs in float32
+``LayerNormalization``, ``Clip``/``Max``/``Min``, ``IsNaN``, some com.microsoft operators, read from
+``onnxruntime.capi._pybind_state.get_all_opkernel_def()``): each operator's registration declares it
+(``float16=``, :class:`optkit.onnx._ops._registry.Float16`), as it declares its channels-last role. Every other node
+with a float16 input runs in float32
 between inserted casts (``InsertCastTransformer``, onnxruntime/core/optimizer/insert_cast_transformer.cc): its
 float16 inputs are widened (exactly) and its float16 outputs computed in float32; a node that has a float16 kernel
 but sits between such nodes is moved to float32 too (``IsIsolatedFp16NodeOnCpu``); then the casts that would narrow a
@@ -11,7 +13,7 @@ float32 result to float16 and widen it again for the next float32 node are remov
 (``RemoveDuplicateCastTransformer``). So a chain ``MatMul -> Add -> Pow -> Mul -> Tanh`` keeps float32 throughout,
 and only the values that reach a float16 kernel, a graph output or an explicit ``Cast`` are rounded to float16.
 
-optkit follows the same plan while a graph is traced (the runners' :func:`optkit.onnx._tracing.tracing` block):
+optkit follows the same plan while a graph is traced (the runners' :func:`optkit.onnx._base.tracing.tracing` block):
 every graph value keeps its ONNX dtype (float16), and the float32 value it was rounded from is kept beside it
 (:func:`planned`) for the nodes that read it in float32. XLA drops whichever of the two no node reads. Values
 crossing a sub-graph, a scanned layer or a compiled segment are read as their float16 values.
@@ -27,49 +29,13 @@ import jax
 import numpy as np
 import onnx
 
-from optkit.onnx._ops._values import is_static as _is_static
-from optkit.onnx._tracing import float16_shadows
+from optkit.onnx._base.tracing import float16_shadows
+from optkit.onnx._base.values import is_static as _is_static
 
-__all__ = ["NATIVE", "GraphNames", "NodePlan", "WideCarry", "keep_wide", "native", "needs_first_block", "planned",
-           "wide_of"]
+__all__ = ["GraphNames", "NodePlan", "WideCarry", "keep_wide", "needs_first_block", "planned", "wide_of"]
 
-_OPEN = 1 << 31
-# ONNX Runtime 1.32's CPU float16 kernels, {(domain, op_type): ((first opset version, last or _OPEN), ...)}.
-NATIVE: Mapping[tuple[str, str], tuple[tuple[int, int], ...]] = {
-    **{("", op): ((1, _OPEN),) for op in (
-        "DynamicSlice", "Flatten", "Gather", "Identity", "If", "LayerNormalization", "Loop", "RandomNormalLike",
-        "RandomUniformLike", "Reshape", "Shape", "SimplifiedLayerNormalization", "Slice", "Squeeze", "Transpose",
-        "Unsqueeze")},
-    **{("", op): ((since, _OPEN),) for op, since in (
-        ("Attention", 23), ("BitCast", 26), ("Cast", 6), ("Celu", 28), ("Clip", 12), ("Compress", 9), ("Concat", 4),
-        ("ConstantOfShape", 9), ("DequantizeLinear", 19), ("Expand", 8), ("GatherElements", 11), ("GatherND", 11),
-        ("IsInf", 20), ("IsNaN", 9), ("Max", 12), ("Min", 12), ("Mod", 10), ("Optional", 15),
-        ("OptionalGetElement", 15), ("OptionalHasElement", 18), ("QuantizeLinear", 19), ("RMSNormalization", 23),
-        ("ReverseSequence", 10), ("RotaryEmbedding", 23), ("Round", 11), ("Scan", 8), ("ScatterElements", 11),
-        ("ScatterND", 11), ("SequenceAt", 11), ("SequenceConstruct", 11), ("Shrink", 9), ("Sign", 9), ("Split", 2),
-        ("SplitToSequence", 11), ("TensorScatter", 24))},
-    ("", "Dropout"): ((7, 11),),
-    ("", "Scatter"): ((9, 10),),
-    **{("com.microsoft", op): ((1, _OPEN),) for op in (
-        "BranchwiseRMSNorm", "EngramGate", "ExpandDims", "GatedAdd", "GatedDeltaNet", "GatedRMSNorm",
-        "GatherBlockQuantized", "GatherND", "GatherPacked", "GroupQueryAttention", "HyperConnectionPostMix",
-        "HyperConnectionPreMix", "Inverse", "LinearAttentionGate", "MRotaryEmbedding", "MatMulNBits", "MoEGroupRouter",
-        "QMoE", "RotaryEmbedding", "ScaledSiLU", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
-        "SparseAttention", "UnfoldTensor", "VarlenCausalConvWithState")},
-}
-
-# ai.onnx operators whose outputs are elements of their first input (all outputs of its dtype).
-_MOVES_DATA = frozenset({"Compress", "Concat", "DynamicSlice", "Expand", "Flatten", "Gather", "GatherElements",
-                         "GatherND", "Identity", "Reshape", "ReverseSequence", "Slice", "Split", "Squeeze",
-                         "Transpose", "Unsqueeze"})
 _FLOAT16 = np.dtype(np.float16)
 _FLOAT32 = np.dtype(np.float32)
-
-
-def native(domain: str, op_type: str, version: int) -> bool:
-    """Whether ONNX Runtime 1.32's CPU provider runs ``op_type`` (``domain`` as optkit normalizes it: ``""`` for
-    ai.onnx) of opset ``version`` on float16 data itself (:data:`NATIVE`)."""
-    return any(lo <= version <= hi for lo, hi in NATIVE.get((domain, op_type), ()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +43,7 @@ class NodePlan:
     """What the plan needs to know about one node, found when its graph is converted.
 
     Attributes:
-      native: ONNX Runtime has a float16 kernel for it (:func:`native`).
+      native: ONNX Runtime has a float16 kernel for it (its registration's ``float16=``).
       subgraph: it has sub-graphs (``If``, ``Loop``, ``Scan``): never moved to float32.
       edges: per input, whether a node of the same graph computes it (not a graph input or initializer).
       counted: per input, whether ONNX Runtime's isolation check reads it (the first input of each formal
@@ -91,7 +57,7 @@ class NodePlan:
       reads_unrounded: a ``Cast`` whose input only ``Cast`` nodes and nodes without a float16 kernel read, and
         that is not a graph output (a float32 node's result is then cast from its float32 value).
       inputs, outputs: the names the node's function reads and writes.
-      moves_data: an ai.onnx operator that only moves its first input's elements (:data:`_MOVES_DATA`): its
+      moves_data: an operator that only moves its first input's elements (its registration's ``float16=``): its
         outputs have that input's dtype (found without tracing it again).
       typed: it has an attribute naming an output type (``dtype``, ``to``, ``output_dtype``).
     """
@@ -297,7 +263,8 @@ class GraphNames:
     @classmethod
     def of(cls, nodes: Sequence[onnx.NodeProto], natives: Sequence[bool], outputs: Sequence[str],
            read_inside: Callable[[onnx.NodeProto], Any]) -> GraphNames:
-        """``natives``: per node, :func:`native`; ``read_inside``: the enclosing names a node's sub-graphs read."""
+        """``natives``: per node, whether ONNX Runtime has a float16 kernel for it; ``read_inside``: the enclosing
+        names a node's sub-graphs read."""
         readers: dict[str, list[bool]] = {}
         casts: dict[str, list[bool]] = {}
         for node, is_native in zip(nodes, natives):
@@ -311,7 +278,7 @@ class GraphNames:
                              and _widening(node)),
                    frozenset(name for name in computed if all(casts.get(name, ())) and name not in outputs))
 
-    def plan(self, node: onnx.NodeProto, is_native: bool, schema: Any, inputs: Sequence[str],
+    def plan(self, node: onnx.NodeProto, role: tuple[bool, bool], schema: Any, inputs: Sequence[str],
              outputs: Sequence[str]) -> NodePlan:
         """The :class:`NodePlan` of ``node``, whose function reads ``inputs`` and writes ``outputs`` (the names as
         the converter wires them)."""
@@ -325,7 +292,7 @@ class GraphNames:
             except (KeyError, TypeError, ValueError):
                 cast_to = None
         return NodePlan(
-            native=is_native,
+            native=role[0],
             subgraph=any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute),
             edges=tuple(name in self.computed for name in inputs),
             counted=tuple(i < formal_in for i in range(len(inputs))),
@@ -337,7 +304,7 @@ class GraphNames:
             reads_unrounded=cast_to is not None and bool(inputs) and inputs[0] in self.unrounded,
             inputs=tuple(inputs),
             outputs=tuple(outputs),
-            moves_data=node.domain in ("", "ai.onnx") and node.op_type in _MOVES_DATA,
+            moves_data=role[1],
             typed=bool({"dtype", "to", "output_dtype", "output_datatype"} & set(attributes)),
         )
 

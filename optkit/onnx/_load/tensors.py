@@ -1,4 +1,4 @@
-"""The tensors an ONNX file brings, read by :mod:`optkit.onnx._files` before anything else: every TensorProto
+"""The tensors an ONNX file brings, read by :mod:`optkit.onnx._load.files` before anything else: every TensorProto
 found (initializers, sparse ones, attribute tensors, in sub-graphs and functions), each bounded before it is read,
 and external data read only from inside the model's own directory, exactly the bytes each tensor needs."""
 
@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from optkit.onnx._errors import TensorTooLargeError, UnsupportedOpError
-from optkit.onnx._limits import check_size
-from optkit.onnx._ops._values import DTYPES, dtype_name, external_key, node_name, storage_bits
+from optkit.onnx._base.errors import TensorTooLargeError, UnsupportedOpError
+from optkit.onnx._base.limits import check_size
+from optkit.onnx._base.values import DTYPES, dtype_name, external_key, node_name, storage_bits
 
 __all__ = ["tensors_of", "check_tensors", "load_external_data", "declared_bytes", "PROGRESS_BYTES"]
 
@@ -187,7 +187,7 @@ def load_external_data(proto: onnx.ModelProto, directory: str | None, origin: st
     With ``mapped`` (a dict filled here), each tensor whose type is stored as its array (:data:`_MAPPABLE`) is
     mapped from its file instead (a read-only view, no copy: the pages are read as they are used) and stays
     external in the copy; ``mapped[external_key(tensor)]`` is its value, which
-    :func:`~optkit.onnx._ops._values.tensor_value` returns inside :func:`~optkit.onnx._ops._values.mapped_tensors`.
+    :func:`~optkit.onnx._base.values.tensor_value` returns inside :func:`~optkit.onnx._base.values.mapped_tensors`.
     """
     external = [(w, t) for w, t, _ in tensors_of(proto) if t.data_location == onnx.TensorProto.EXTERNAL]
     if not external:

@@ -1,7 +1,7 @@
-"""Reading an ONNX file safely, the first stage of loading (:mod:`optkit.onnx._load`): the protobuf parsed,
+"""Reading an ONNX file safely, the first stage of loading (:mod:`optkit.onnx._load.pipeline`): the protobuf parsed,
 every tensor it brings bounded, external data read only from the model's own directory (both by
-:mod:`optkit.onnx._tensors`); and ``onnx.checker`` (:func:`check_model`), which the pipeline runs after the operator
-check."""
+:mod:`optkit.onnx._load.tensors`); and ``onnx.checker`` (:func:`check_model`), which the pipeline runs after the
+operator check."""
 
 from __future__ import annotations
 
@@ -9,17 +9,18 @@ import collections
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import IO, Any
 
 import google.protobuf.message
 import onnx
 
-from optkit.onnx._limits import Limits
-from optkit.onnx._ops._values import DTYPES, storage_bits
-from optkit.onnx._tensors import check_tensors, declared_bytes, load_external_data, tensors_of
+from optkit.onnx._base.limits import Limits
+from optkit.onnx._base.values import DTYPES, storage_bits
+from optkit.onnx._base.walk import read_inside, subgraphs
+from optkit.onnx._load.tensors import check_tensors, declared_bytes, load_external_data, tensors_of
 
-__all__ = ["ModelSource", "load_model", "read_model", "check_model", "tensors_of", "subgraphs", "read_inside"]
+__all__ = ["ModelSource", "load_model", "read_model", "check_model", "tensors_of"]
 
 _log = logging.getLogger("optkit.onnx")
 # Digests of the ModelProtos load_model checked and returned (bounded, no reference kept): given back to
@@ -82,7 +83,9 @@ def load_model(model: ModelSource, *, base_dir: str | os.PathLike[str] | None = 
       ...
       ValueError: malformed ONNX model bytes: ...
     """
-    proto, origin = read_model(model, base_dir, Limits.make(max_tensor_bytes), check=check_model)
+    proto, origin, directory = read_model(model, base_dir, Limits.make(max_tensor_bytes))
+    check_model(proto, origin)
+    proto = load_external_data(proto, directory, origin)
     digest = _digest(proto)
     if digest is not None:
         _CHECKED[digest] = None
@@ -112,14 +115,13 @@ def check_once(proto: onnx.ModelProto, origin: str, given: Any) -> None:
     check_model(proto, origin)
 
 
-def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None, limits: Limits,
-               check: Callable[[onnx.ModelProto, str], None] | None = None,
-               mapped: dict[tuple, Any] | None = None) -> tuple[onnx.ModelProto, str]:
-    """The model read as :func:`load_model` reads it: ``(proto, origin)``, origin naming where it came from in
-    messages. ``check(proto, origin)`` (``onnx.checker``) runs on the model before its external data is read
-    into it: the checker serializes what it checks, and protobuf refuses a message over 2 GiB. With ``mapped``,
-    external tensors are mapped from their files into it instead where they can be
-    (:func:`~optkit.onnx._tensors.load_external_data`)."""
+def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None,
+               limits: Limits) -> tuple[onnx.ModelProto, str, str | None]:
+    """The model parsed as :func:`load_model` reads it, its external data not read yet: ``(proto, origin,
+    directory)``, origin naming where it came from in messages, directory the one its external data may be read
+    from (None: none). The pipeline checks it (``onnx.checker`` serializes what it checks, and protobuf refuses a
+    message over 2 GiB) and then reads the external data
+    (:func:`~optkit.onnx._load.tensors.load_external_data`)."""
     directory: str | None = None
     if isinstance(model, onnx.ModelProto):
         proto, origin = model, "the ModelProto"
@@ -151,10 +153,7 @@ def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None, limi
         if not os.path.isdir(directory):
             raise ValueError(f"base_dir {directory!r} is not a directory")
     check_tensors(proto, limits.max_tensor_bytes)
-    proto = _sorted(proto, origin)
-    if check is not None:
-        check(proto, origin)
-    return load_external_data(proto, directory, origin, mapped), origin
+    return _sorted(proto, origin), origin, directory
 
 
 # Operators ONNX Runtime registers in the default (ai.onnx) domain that ONNX does not define, which its own tools
@@ -162,24 +161,6 @@ def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None, limi
 # them; the model is checked with those nodes in a domain of their own (optkit.onnx._ops.contrib runs them).
 ORT_DEFAULT_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization"})
 _ORT_CHECK_DOMAIN = "optkit.ort_default_domain"
-
-
-def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    """The graphs a node's attributes hold (an If's branches, a Loop's or Scan's body)."""
-    return [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
-
-
-def read_inside(node: onnx.NodeProto) -> list[str]:
-    """The names a node's sub-graphs (If branches, Loop and Scan bodies, nested) read: an If's output is
-    static when what its branch reads is."""
-    graphs = subgraphs(node)
-    names: list[str] = []
-    while graphs:
-        g = graphs.pop()
-        for inner in g.node:
-            names += [i for i in inner.input if i]
-            graphs += subgraphs(inner)
-    return names
 
 
 def _topological_order(graph: onnx.GraphProto) -> list[int] | None:

@@ -47,10 +47,10 @@ import numpy as np
 import onnx
 
 from optkit import Graph
-from optkit.onnx._analysis import read_inside, subgraphs
+from optkit.onnx._base.values import TRAINING_DOMAIN, is_static, normalize_domain
+from optkit.onnx._base.walk import read_inside, subgraphs
 from optkit.onnx._ops._common import on_cpu
 from optkit.onnx._ops._registry import Layout
-from optkit.onnx._ops._values import TRAINING_DOMAIN, is_static, normalize_domain
 
 __all__ = ["Plan", "active", "plan"]
 

@@ -1,6 +1,6 @@
 """The operator check: every node's operator version looked up once, all the missing ones named in one error.
 
-A stage of loading (:mod:`optkit.onnx._load`) that runs before ``onnx.checker``
+A stage of loading (:mod:`optkit.onnx._load.pipeline`) that runs before ``onnx.checker``
 (whose full pass over a large model takes seconds): what optkit cannot run is
 refused first. Its result, :class:`Operators`, is what the converter builds
 nodes from; nothing is looked up twice.
@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator
 from typing import Any
 
 import onnx
 import onnx.defs
 
-from optkit.onnx._errors import UnsupportedOpError
+from optkit.onnx._base.errors import UnsupportedOpError
+from optkit.onnx._base.values import DEFAULT_DOMAIN, domain_text, node_name, node_where, normalize_domain
+from optkit.onnx._base.walk import nodes_of
 from optkit.onnx._ops import TABLE
 from optkit.onnx._ops._registry import OpSpec
-from optkit.onnx._ops._values import DEFAULT_DOMAIN, domain_text, node_name, node_where, normalize_domain
 
-__all__ = ["Operators", "check_operators", "nodes_of"]
+__all__ = ["Operators", "check_operators"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,28 +41,12 @@ class Operators:
         return self.rows[(normalize_domain(node.domain), node.op_type)]
 
 
-def nodes_of(graph: onnx.GraphProto) -> Iterator[tuple[int, onnx.NodeProto]]:
-    """``(index in its graph, node)`` for every node of ``graph`` and of its sub-graphs (If, Loop, Scan bodies).
-
-    Iterative: no recursion on nesting.
-    """
-    stack = [graph]
-    while stack:
-        g = stack.pop()
-        for index, node in enumerate(g.node):
-            yield index, node
-            for attr in node.attribute:
-                if attr.HasField("g"):
-                    stack.append(attr.g)
-                stack.extend(attr.graphs)
-
-
 def check_operators(model: onnx.ModelProto) -> Operators:
     """Resolve every operator of ``model``; refuse, naming every one in one error, those optkit does not run.
 
     The graph's nodes (sub-graphs included) and the model-local functions'
     nodes, except the calls of those functions (expanded later, see
-    :mod:`optkit.onnx._functions`).
+    :mod:`optkit.onnx._load.functions`).
 
     Raises:
       ValueError: a node of a domain the model does not import; an op type,

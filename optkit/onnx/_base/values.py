@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from optkit.onnx._errors import UnsupportedOpError
+from optkit.onnx._base.errors import UnsupportedOpError
 
 __all__ = [
     "DEFAULT_DOMAIN",
@@ -122,7 +122,7 @@ def _strings_of(tensor: onnx.TensorProto, what: str) -> np.ndarray:
     return value
 
 
-# The external tensors mapped from their files while a model loads (optkit.onnx._tensors.load_external_data):
+# The external tensors mapped from their files while a model loads (optkit.onnx._load.tensors.load_external_data):
 # {external_key(tensor): read-only array}, set by mapped_tensors for the stages that decode tensors.
 _MAPPED: contextvars.ContextVar[Mapping[tuple, np.ndarray] | None] = contextvars.ContextVar("optkit_onnx_mapped",
                                                                                             default=None)
@@ -208,7 +208,7 @@ def tensor_value(tensor: onnx.TensorProto, what: str) -> np.ndarray:
 
 # ONNX's STRING tensors: NumPy object arrays of ``str``, values known before running (a graph input of this type
 # is static: compiled once per value), computed on the host; a string output leaves the compiled program as it was
-# computed while tracing (optkit.onnx._feeds.graph_function).
+# computed while tracing (optkit.onnx._run.program.graph_function).
 STRING = np.dtype(object)
 
 

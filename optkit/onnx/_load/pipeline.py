@@ -1,26 +1,26 @@
 """Loading a model: one pipeline, each stage run once, in this order, none calling back into an earlier one.
 
-1. :func:`~optkit.onnx._files.read_model`: the file read (bounded), every
+1. :func:`~optkit.onnx._load.files.read_model`: the file read (bounded), every
    tensor it brings held to the bounds, external data read from the model's
    own directory only, after steps 2 and 3 (a model over protobuf's 2 GiB is checked without its data);
-2. :func:`~optkit.onnx._operators.check_operators`: every operator version
+2. :func:`~optkit.onnx._load.operators.check_operators`: every operator version
    looked up once in the op table; all the ones optkit does not run named
    in one error, before the checker's pass over a large model;
-3. :func:`~optkit.onnx._files.check_model`: ``onnx.checker`` (once: not again for a ModelProto that
+3. :func:`~optkit.onnx._load.files.check_model`: ``onnx.checker`` (once: not again for a ModelProto that
    :func:`~optkit.onnx.load_model` checked and returned unchanged);
    With ``untie``, the checked model's shared initializers are copied per reading node
-   (:mod:`optkit.onnx._untie`); with ``lora``, low-rank adapters are added to its matmul nodes
-   (:mod:`optkit.onnx._lora`; their operators looked up as in step 2);
-4. :func:`~optkit.onnx._functions.expand_functions`: model-local functions
+   (:mod:`optkit.onnx._load.untie`); with ``lora``, low-rank adapters are added to its matmul nodes
+   (:mod:`optkit.onnx._load.adapters`; their operators looked up as in step 2);
+4. :func:`~optkit.onnx._load.functions.expand_functions`: model-local functions
    inlined, the expansion bounded;
-5. :func:`~optkit.onnx._convert.convert`: declarations decoded
-   (:mod:`optkit.onnx._protos`), nodes built into an :class:`optkit.Graph`
+5. :func:`~optkit.onnx._load.convert.convert`: declarations decoded
+   (:mod:`optkit.onnx._load.protos`), nodes built into an :class:`optkit.Graph`
    from the rows of step 2, sub-graphs by the same code, the Gradient work
-   bounded and the static inputs found (:mod:`optkit.onnx._analysis`);
-6. :func:`~optkit.onnx._analysis.facts_of`: what the runners need to know of the model, found once (updated
+   bounded and the static inputs found (:mod:`optkit.onnx._load.analysis`);
+6. :func:`~optkit.onnx._load.analysis.facts_of`: what the runners need to know of the model, found once (updated
    inputs, initializers read, grouped convolutions, the default trainable set), kept in ``Converted.facts``.
 
-The bounds travel as one :class:`~optkit.onnx._limits.Limits` value. The ``optkit.onnx`` logger reports each
+The bounds travel as one :class:`~optkit.onnx._base.limits.Limits` value. The ``optkit.onnx`` logger reports each
 load's stage times at INFO.
 :func:`load` is the one entry: :func:`to_graph`, :func:`optkit.onnx.prepare`
 (and through it ``run_model``, ``run_node`` and the ``Backend``) call it.
@@ -36,16 +36,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from optkit import Graph
-from optkit.onnx._analysis import facts_of
-from optkit.onnx._convert import Converted, convert
-from optkit.onnx._files import ModelSource, check_once, read_model
-from optkit.onnx._functions import expand_functions
-from optkit.onnx._limits import Limits
-from optkit.onnx._lora import LoRA, add_adapters
-from optkit.onnx._operators import check_operators
-from optkit.onnx._ops._values import mapped_tensors
-from optkit.onnx._untie import deduplicated
-from optkit.onnx._untie import untie as untie_copies
+from optkit.onnx._base.limits import Limits
+from optkit.onnx._base.values import mapped_tensors
+from optkit.onnx._load.adapters import LoRA, add_adapters
+from optkit.onnx._load.analysis import facts_of
+from optkit.onnx._load.convert import Converted, convert
+from optkit.onnx._load.files import ModelSource, check_once, read_model
+from optkit.onnx._load.functions import expand_functions
+from optkit.onnx._load.operators import check_operators
+from optkit.onnx._load.tensors import load_external_data
+from optkit.onnx._load.untie import deduplicated
+from optkit.onnx._load.untie import untie as untie_copies
 
 __all__ = ["load", "to_graph"]
 
@@ -56,21 +57,20 @@ def load(model: ModelSource, limits: Limits, base_dir: str | os.PathLike[str] | 
          untie: bool | Sequence[str] = False, lora: LoRA | None = None, lora_key: Any = None) -> Converted:
     """Read, check and convert ``model`` under ``limits``: the pipeline above; errors as :func:`to_graph`.
     ``untie``: after the checks, give each node its own copy of the initializers an exporter shared (True:
-    those :func:`~optkit.onnx._untie.deduplicated` finds; or the names given), :func:`~optkit.onnx._untie.untie`.
-    ``lora``: then add its adapters (:func:`~optkit.onnx._lora.add_adapters`, ``A`` drawn from ``lora_key``);
+    those :func:`~optkit.onnx._load.untie.deduplicated` finds; or the names given),
+    :func:`~optkit.onnx._load.untie.untie`.
+    ``lora``: then add its adapters (:func:`~optkit.onnx._load.adapters.add_adapters`, ``A`` drawn from ``lora_key``);
     their names are ``Converted.adapters``."""
     times = [time.perf_counter()]
-    found = []
-
-    def check(proto: Any, origin: str) -> None:  # before external data is read: the checker serializes the model
-        found.append(check_operators(proto))
-        check_once(proto, origin, model)
-
+    proto, origin, directory = read_model(model, base_dir, limits)
+    times.append(time.perf_counter())
+    operators = check_operators(proto)
+    check_once(proto, origin, model)  # before external data is read: the checker serializes the model
+    times.append(time.perf_counter())
     # External data mapped from its files (no copy in the ModelProto): its tensors are decoded from the maps.
     mapped: dict[tuple, Any] = {}
-    proto, origin = read_model(model, base_dir, limits, check=check, mapped=mapped)
+    proto = load_external_data(proto, directory, origin, mapped)
     with mapped_tensors(mapped):
-        operators = found[0]
         times.append(time.perf_counter())
         if untie:
             proto = untie_copies(proto, deduplicated(proto) if untie is True else untie)
@@ -78,15 +78,14 @@ def load(model: ModelSource, limits: Limits, base_dir: str | os.PathLike[str] | 
         if lora is not None:
             proto, adapters = add_adapters(proto, lora, lora_key)
             operators = check_operators(proto)
-        times.append(time.perf_counter())
         expanded = expand_functions(proto) if proto.functions else proto
         converted = convert(expanded, operators, limits)
         facts = facts_of(proto, converted.inputs, converted.graph.initializers, converted.static_initializers,
                          converted.table_initializers)
     times.append(time.perf_counter())
-    read, check, build = (b - a for a, b in zip(times, times[1:]))
-    _log.info("loaded %s: read %.2f s, operators and onnx.checker %.2f s, converted %d nodes %.2f s", origin, read,
-              check, len(converted.graph.nodes), build)
+    read, check, external, build = (b - a for a, b in zip(times, times[1:]))
+    _log.info("loaded %s: read %.2f s, operators and onnx.checker %.2f s, external data %.2f s, converted %d nodes "
+              "%.2f s", origin, read, check, external, len(converted.graph.nodes), build)
     return dataclasses.replace(converted, model=proto, facts=facts, adapters=adapters)
 
 

@@ -31,5 +31,5 @@ class TensorTooLargeError(ValueError, MemoryError):
 class ValueDependentError(ValueError):
     """A node whose output shapes depend on input values (``NonZero``, ``Unique``, a ``Loop``'s scan outputs
     when its condition is computed), traced. :class:`~optkit.onnx.BackendRep` catches it and runs the graph as
-    compiled segments around such nodes (``optkit.onnx._segments``); inside a caller's ``jax.jit`` it reaches
+    compiled segments around such nodes (``optkit.onnx._run.segments``); inside a caller's ``jax.jit`` it reaches
     the caller, naming the node. Not exported: a ``ValueError`` to callers."""

@@ -1,10 +1,10 @@
 """The converter: ONNX nodes -> an :class:`optkit.Graph`, every node built from its op-table row.
 
-The last stage of loading (:mod:`optkit.onnx._load`). A graph's declarations
-are decoded (:mod:`optkit.onnx._protos`), each node's attributes parsed and
+The last stage of loading (:mod:`optkit.onnx._load.pipeline`). A graph's declarations
+are decoded (:mod:`optkit.onnx._load.protos`), each node's attributes parsed and
 its builder called (so a node with invalid attributes or arity fails here,
 before any computation), its Gradient nodes' work bounded and its static
-inputs found (:mod:`optkit.onnx._analysis`), and the graph closed
+inputs found (:mod:`optkit.onnx._load.analysis`), and the graph closed
 (:meth:`optkit.Graph.validate`). Node outputs are checked against the
 tensor-size limit when the graph is traced, before XLA runs it.
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -27,15 +28,9 @@ import onnx
 
 from optkit import Graph
 from optkit._src.graph.analysis import StepBudget
-from optkit.onnx import _layout
-from optkit.onnx._analysis import Facts, check_gradient_work, read_inside, static_inputs
-from optkit.onnx._errors import RUNS_IN_SEGMENTS, ValueDependentError
-from optkit.onnx._float16 import GraphNames, native
-from optkit.onnx._float16 import planned as float16_planned
-from optkit.onnx._limits import MAX_ANALYSIS_STEPS, MAX_SUBGRAPH_DEPTH, Limits, check_size
-from optkit.onnx._operators import Operators
-from optkit.onnx._ops._registry import GradientRequest, NodeContext, OpSpec
-from optkit.onnx._ops._values import (
+from optkit.onnx._base.errors import RUNS_IN_SEGMENTS, ValueDependentError
+from optkit.onnx._base.limits import MAX_ANALYSIS_STEPS, MAX_SUBGRAPH_DEPTH, Limits, check_size
+from optkit.onnx._base.values import (
     STRING,
     TRAINING_DOMAIN,
     as_static,
@@ -44,8 +39,11 @@ from optkit.onnx._ops._values import (
     node_name,
     normalize_domain,
 )
-from optkit.onnx._protos import InputInfo, decode_graph, parse_attributes
-from optkit.onnx._scan import node_key
+from optkit.onnx._load.analysis import Facts, check_gradient_work, static_inputs
+from optkit.onnx._load.operators import Operators
+from optkit.onnx._load.protos import InputInfo, decode_graph, parse_attributes
+from optkit.onnx._ops._registry import GradientRequest, NodeContext, OpSpec
+from optkit.onnx._plans.hook import BuiltNode, GraphPlans
 
 __all__ = ["Converted", "Scope", "convert", "convert_graph"]
 
@@ -68,10 +66,10 @@ class Converted:
         traced values they would fail, so they are not trained by default.
       table_initializers: initializers that a node reads as a table rather than a weight (a rotary
         embedding's caches: its registration's ``table_inputs``), not trained by default.
-      facts: what loading found out about the model for the runners (:class:`~optkit.onnx._analysis.Facts`;
+      facts: what loading found out about the model for the runners (:class:`~optkit.onnx._load.analysis.Facts`;
         set by the pipeline, None for a sub-graph).
       adapters: the initializers that ``lora=`` added (``<W>.lora_A``, ``<W>.lora_B``), set by the pipeline.
-      node_keys: each graph node's structural key (:func:`optkit.onnx._scan.node_key`; nodes with sub-graphs
+      node_keys: each graph node's structural key (:func:`optkit.onnx._plans.layers.node_key`; nodes with sub-graphs
         have none): the repeated layers are found with them.
     """
 
@@ -91,7 +89,8 @@ class Converted:
 @dataclasses.dataclass(frozen=True)
 class Scope:
     """What every graph of one model is converted with: its operators, its bounds, one analysis budget,
-    and the names the enclosing graphs define (empty for the model's graph)."""
+    and the names the enclosing graphs define (empty for the model's graph); for the nodes of the graph being
+    converted, its plans and its fused chains."""
 
     operators: Operators
     limits: Limits
@@ -99,23 +98,27 @@ class Scope:
     outer: frozenset[str] = frozenset()
     subgraph: bool = False
     depth: int = 0
+    graph_plans: GraphPlans | None = None  # the graph being converted: its plans (optkit.onnx._plans.hook)
+    fused: Mapping[int, tuple[onnx.NodeProto, ...]] = dataclasses.field(default_factory=dict)
 
 
 def convert(model: onnx.ModelProto, operators: Operators, limits: Limits) -> Converted:
-    """Convert a checked model whose operators were resolved (:func:`~optkit.onnx._operators.check_operators`)."""
+    """Convert a checked model whose operators were resolved (:func:`~optkit.onnx._load.operators.check_operators`)."""
     budget = StepBudget(MAX_ANALYSIS_STEPS, "the Gradient nodes' sub-graphs and the static inputs")
     return convert_graph(model.graph, Scope(operators, limits, budget))
 
 
 def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     """One graph (the model's or a sub-graph) as a :class:`Converted`; see :func:`optkit.onnx.to_graph`."""
-    limit = scope.limits.max_tensor_bytes
-    declared = decode_graph(g, limit, subgraph=scope.subgraph)
+    declared = decode_graph(g, scope.limits.max_tensor_bytes, subgraph=scope.subgraph)
     defined = {info.name for info in declared.inputs} | set(declared.initializers)
     defined |= {out for node in g.node for out in node.output if out}
     read = [name for node in g.node for name in node.input if name and name not in defined]
     captured = [name for name in dict.fromkeys(read) if name in scope.outer]
-    inner = dataclasses.replace(scope, outer=scope.outer | defined, subgraph=True, depth=scope.depth + 1)
+    rows = [scope.operators.row(node) for node in g.node]
+    plans = GraphPlans.of(g, rows, declared, scope.subgraph)
+    inner = dataclasses.replace(scope, outer=scope.outer | defined, subgraph=True, depth=scope.depth + 1,
+                                graph_plans=plans, fused=_fused(g.node, scope.operators))
 
     graph = Graph()
     for info in declared.inputs:
@@ -124,25 +127,8 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
     for name, value in declared.initializers.items():
         graph.add_initializer(name, value)
     specs: dict[int, OpSpec] = {}
-    fused = _fused(g.node, scope.operators)
-    layout = None if scope.subgraph else _plan_layout(g, declared, scope)
-    rows = [scope.operators.row(node) for node in g.node]
-    names = GraphNames.of(g.node, [native(normalize_domain(node.domain), node.op_type, version)
-                                   for node, (_, version, _) in zip(g.node, rows)], declared.outputs, read_inside)
-    moved: set[str] = set()
-    keys: dict[Any, Any] = {}
-    added = graph._tensors.nodes  # (the list itself: Graph.nodes copies it)
     for index, node in enumerate(g.node):
-        planned = layout if layout and index in layout.nodes else None
-        count = len(added)
-        specs[index], node_captures = _add_node(graph, node, index, inner, fused.get(index, ()), planned, moved,
-                                                names)
-        if not node_captures:  # (the nodes of a planned node: the channels-last move, the node, its ONNX copy)
-            key = node_key(node, rows[index][1], fused.get(index, ()))
-            if planned is not None:
-                key += (planned.signature(node),)
-            for part in range(count, len(added)):
-                keys[added[part]] = (*key, part - count)
+        specs[index], node_captures = _add_node(graph, node, index, inner)
         captured += [c for c in dict.fromkeys(node_captures) if c not in defined and c not in captured]
     for name in captured:
         graph.add_input(name)
@@ -160,7 +146,7 @@ def convert_graph(g: onnx.GraphProto, scope: Scope) -> Converted:
                      table_initializers=frozenset(node.input[i] for index, node in enumerate(g.node)
                                                   for i in specs[index].table_inputs
                                                   if i < len(node.input)) & set(declared.initializers),
-                     node_keys=keys)
+                     node_keys=plans.keys)
 
 
 def _fused(nodes, operators: Operators) -> dict[int, tuple[onnx.NodeProto, ...]]:
@@ -187,32 +173,18 @@ def _fused(nodes, operators: Operators) -> dict[int, tuple[onnx.NodeProto, ...]]
     return chains
 
 
-def _plan_layout(g: onnx.GraphProto, declared: Any, scope: Scope) -> _layout.Plan:
-    """The model graph's channels-last plan (:mod:`optkit.onnx._layout`)."""
-    ranks = {info.name: len(info.shape) for info in declared.inputs if info.shape is not None}
-    ranks.update((name, np.ndim(value)) for name, value in declared.initializers.items())
-    names = {info.name for info in declared.inputs} | set(declared.initializers)
-    names |= {name for node in g.node for name in [*node.input, *node.output, *read_inside(node)]}
-    layouts = [spec.layout_at(version) for spec, version, _ in map(scope.operators.row, g.node)]
-    return _layout.plan(g.node, ranks, layouts, names)
+def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope) -> tuple[OpSpec, list[str]]:
+    """Build ``node`` (at ``index`` of the graph ``scope`` converts) from its op-table row and add it to ``graph``
+    through the graph's plans (:meth:`optkit.onnx._plans.hook.GraphPlans.add`); its row, and what its sub-graphs
+    capture.
 
-
-def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope,
-              fused_with: tuple[onnx.NodeProto, ...] = (), layout: _layout.Plan | None = None,
-              moved: set[str] | None = None, names: GraphNames | None = None) -> tuple[OpSpec, list[str]]:
-    """Build ``node`` from its op-table row and add it to ``graph``; its row, and what its sub-graphs capture.
-
-    A node that runs fused with the nodes it reads (``fused_with``, farthest first, its registration's
+    A node that runs fused with the nodes it reads (``scope.fused``, farthest first, its registration's
     ``Fusion``: a ``DequantizeLinear`` of a ``QuantizeLinear``'s output) reads the farthest one's first input
     and the other inputs of the chain instead.
-    A node the channels-last ``layout`` plans is built in both layouts and reads and writes the held tensors
-    (``moved``: the tensors not held whose channels-last copies were made so far).
-    ``names``: its graph's names, for ONNX Runtime's float16 plan (:mod:`optkit.onnx._float16`).
     """
-    spec, version, schema = scope.operators.row(node)
+    row = scope.operators.row(node)
+    spec, version, schema = row
     domain = normalize_domain(node.domain)
-    opset = scope.operators.opsets[domain]
-    name = node_name(node.name, node.op_type, index)
     captures: list[str] = []
 
     def subgraph(body: onnx.GraphProto, where: str) -> Converted:
@@ -223,7 +195,8 @@ def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope,
         captures.extend(converted.captures)
         return converted
 
-    ctx = NodeContext(node.op_type, domain, version, opset, name, tuple(node.input), tuple(node.output), {},
+    ctx = NodeContext(node.op_type, domain, version, scope.operators.opsets[domain],
+                      node_name(node.name, node.op_type, index), tuple(node.input), tuple(node.output), {},
                       scope.limits.max_tensor_bytes, subgraph)
     ctx = dataclasses.replace(ctx, attrs=parse_attributes(node, schema, ctx.where))
     built = spec.builder(ctx)
@@ -235,23 +208,16 @@ def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope,
             raise type(err)(ctx.message(str(err))) from None
         return spec, captures
     inputs = list(node.input)
+    fused_with = scope.fused.get(index, ())
     if fused_with:
         built = spec.fusion.build(ctx, *(parse_attributes(p, scope.operators.row(p)[2], ctx.where)
                                          for p in fused_with))
         inputs = [fused_with[0].input[0], *(i for p in fused_with[1:] for i in p.input[1:]), *inputs[1:]]
-    outputs = list(node.output)
-    if layout is not None:
-        built = layout.function(node, built, lambda: spec.builder(dataclasses.replace(ctx, channels_last=True)),
-                                ctx.where)
-        inputs, outputs = layout.inputs(graph, node, ctx.where, moved), layout.outputs(node)
     extra = list(dict.fromkeys(captures))  # (a captured name that is also a node input comes twice)
-    fn = _node_function(built, ctx, spec, schema, len(inputs), extra, scope.limits.max_tensor_bytes)
-    if names is not None:
-        plan = names.plan(node, native(domain, node.op_type, version), schema, inputs + extra, outputs)
-        fn = float16_planned(fn, plan)
-    graph.add(fn, inputs=inputs + extra, outputs=outputs, name=name)
-    if layout is not None:
-        layout.add_onnx_layout(graph, node, ctx.where)
+    scope.graph_plans.add(graph, BuiltNode(
+        node, index, ctx.name, ctx.where, row, built,
+        lambda: spec.builder(dataclasses.replace(ctx, channels_last=True)), inputs, extra, fused_with,
+        lambda fn, count: _node_function(fn, ctx, spec, schema, count, extra, scope.limits.max_tensor_bytes)))
     return spec, captures
 
 

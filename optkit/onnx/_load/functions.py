@@ -1,6 +1,6 @@
 """Model-local functions expanded into the graph (as ONNX Runtime does), the expansion bounded.
 
-A stage of loading (:mod:`optkit.onnx._load`) that runs after ``onnx.checker``
+A stage of loading (:mod:`optkit.onnx._load.pipeline`) that runs after ``onnx.checker``
 and before the converter: the converter sees one graph of standard operators.
 """
 
@@ -10,8 +10,8 @@ import onnx
 import onnx.defs
 import onnx.inliner
 
-from optkit.onnx._limits import MAX_EXPANDED_NODES
-from optkit.onnx._ops._values import node_name, node_where, normalize_domain
+from optkit.onnx._base.limits import MAX_EXPANDED_NODES
+from optkit.onnx._base.values import node_name, node_where, normalize_domain
 
 __all__ = ["expand_functions"]
 
@@ -25,7 +25,7 @@ def expand_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     - Every call gives at most as many inputs and outputs as the function
       declares.
     - The expansion is counted first, callees before callers: the model may
-      grow to :data:`~optkit.onnx._limits.MAX_EXPANDED_NODES` nodes, or to the
+      grow to :data:`~optkit.onnx._base.limits.MAX_EXPANDED_NODES` nodes, or to the
       number of nodes its file holds if that is more (a function calling
       another twice, nested 30 deep, is 2**30 nodes).
 

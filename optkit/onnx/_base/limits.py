@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from optkit.onnx._errors import TensorTooLargeError
+from optkit.onnx._base.errors import TensorTooLargeError
 
 __all__ = ["Limits", "default_max_tensor_bytes", "check_size", "MAX_GRADIENT_DEPTH",
            "GRADIENT_DEPTH_CEILING", "MAX_EXPANDED_NODES", "MAX_DIM", "MAX_EMPTY_EXTENT", "MAX_GRADIENT_PASSES",

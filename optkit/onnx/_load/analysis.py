@@ -5,7 +5,7 @@ a training step may donate), which initializers its nodes read, whether it has g
 Gradient nodes, and the initializers trained by default.
 
 All the walks over one model share one :class:`~optkit._src.graph.analysis.StepBudget`
-(:data:`~optkit.onnx._limits.MAX_ANALYSIS_STEPS` steps), so loading a model from a
+(:data:`~optkit.onnx._base.limits.MAX_ANALYSIS_STEPS` steps), so loading a model from a
 stranger is O(Gradient nodes x graph nodes), bounded.
 """
 
@@ -19,13 +19,12 @@ import numpy as np
 import onnx
 
 from optkit._src.graph.analysis import StepBudget, walk_back
-from optkit.onnx._files import read_inside, subgraphs  # noqa: F401 (the converter and the layout plan read them here)
-from optkit.onnx._limits import GRADIENT_DEPTH_CEILING, Limits
-from optkit.onnx._operators import nodes_of
+from optkit.onnx._base.limits import GRADIENT_DEPTH_CEILING, Limits
+from optkit.onnx._base.values import TRAINING_DOMAIN, node_name, node_where, normalize_domain
+from optkit.onnx._base.walk import nodes_of, read_inside, subgraphs
+from optkit.onnx._load.untie import deduplicated
 from optkit.onnx._ops._registry import OpSpec
-from optkit.onnx._ops._values import TRAINING_DOMAIN, node_name, node_where, normalize_domain
 from optkit.onnx._ops.training import OPTIMIZER_KINDS
-from optkit.onnx._untie import deduplicated
 
 __all__ = ["Facts", "check_gradient_work", "default_trainable", "facts_of", "grouped_convolution", "looks_trainable",
            "read_inside", "static_inputs", "subgraphs", "updated_inputs"]
@@ -188,7 +187,7 @@ class Facts:
       double: the model has DOUBLE or COMPLEX128 graph inputs, initializers or outputs (which run as float32
         and complex64 while JAX's 64-bit mode is off).
       shared: ``{initializer: reading nodes}`` for the initializers an exporter shared between unrelated nodes
-        (:func:`optkit.onnx._untie.deduplicated`): trained, they tie those nodes.
+        (:func:`optkit.onnx._load.untie.deduplicated`): trained, they tie those nodes.
     """
 
     read: frozenset[str]
