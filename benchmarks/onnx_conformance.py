@@ -20,7 +20,7 @@ and sorts each into
     python -m benchmarks.onnx_conformance --list fail    # the failing cases and why
     python -m benchmarks.onnx_conformance --write-cases  # rewrite tests/onnx/onnx_backend_cases.txt
 
-``tests/onnx/onnx_backend_cases.txt`` lists the cases that pass; ``tests/onnx/test_backend.py``
+``tests/onnx/onnx_backend_cases.txt`` lists the cases that pass; ``tests/onnx/ops/test_backend.py``
 runs exactly those, so a case that stops passing fails the suite.
 
 The counts are recorded in benchmarks/RESULTS.md and docs/onnx-operators.md.
@@ -53,7 +53,7 @@ SKIPPED = {
     r"^test_loop16_seq_none_cpu$":
         "ONNX's runner cannot compare its output: a sequence whose first tensor is 0-d, which the runner's "
         "comparison takes the length of (TypeError in onnx 1.23's assert_similar_outputs, whatever the backend "
-        "returns); optkit's output equals the expected one (tests/onnx/test_sequences.py runs this model)",
+        "returns); optkit's output equals the expected one (tests/onnx/ops/test_sequences.py runs this model)",
 }
 
 

@@ -10,7 +10,7 @@ Runtime's canonical flow in it:
 scikit-learn's digits (pixels / 16; 32 samples a step, in order), with each of ``LossType.MSELoss`` (one-hot
 targets) and ``LossType.CrossEntropyLoss`` (labels), and each of ``OptimType.AdamW`` and ``OptimType.SGD``
 (learning rate 0.01). The per-step losses, the recipe, the package versions and the SHA-256 of the model and
-data are written to ``tests/onnx/ort_training_reference.json`` (committed); ``tests/onnx/test_migration.py``
+data are written to ``tests/onnx/ort_training_reference.json`` (committed); ``tests/onnx/api/test_migration.py``
 runs each port the docs give against them.
 
 The data (digits, made here with scikit-learn) and the model travel to the child as files; nothing is

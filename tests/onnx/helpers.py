@@ -3,7 +3,13 @@ check of a node's gradient against float64 central differences."""
 
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
+import pytest
+
+# tests/onnx: its models/ (the committed fixtures and the scripts that make them) and the case lists
+ONNX_TESTS = pathlib.Path(__file__).parent
 
 
 def onnx_info(name, dtype, shape):
@@ -59,3 +65,40 @@ def assert_gradients_match_central_differences(fn, args, floats, seed=1, step=1e
         minus = [a - step * d if j == i else a for j, a in enumerate(moved)]
         want = float((loss(*plus) - loss(*minus)) / (2 * step))
         np.testing.assert_allclose(float(jnp.sum(grads[i] * d)), want, rtol=rtol, atol=1e-9, err_msg=key)
+
+
+
+JIT = [pytest.param(True, id="jit"), pytest.param(False, id="nojit")]
+
+
+def node_model(op, feeds, attrs=None, opset=17, n_outputs=1, initializers=()):
+    """A one-node model whose inputs are ``feeds`` (name -> array) plus ``initializers``, its outputs typed by ONNX's
+    shape inference (as the checker requires)."""
+    import onnx
+    import onnx.shape_inference
+    from onnx import helper
+
+    inputs = [onnx_info(name, value.dtype, value.shape) for name, value in feeds.items()]
+    inits = [onnx.numpy_helper.from_array(value, name) for name, value in initializers]
+    names = list(feeds) + [name for name, _ in initializers]
+    outputs = [f"out{i}" for i in range(n_outputs)]
+    node = helper.make_node(op, names, outputs, **(attrs or {}))
+    graph = helper.make_graph([node], "g", inputs, [helper.make_value_info(o, onnx.TypeProto()) for o in outputs],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def check_against_reference(model, feeds, jit, rtol=1e-6):
+    """``prepare(model, jit=jit).run(feeds)`` equals ``onnx.reference.ReferenceEvaluator``'s outputs: dtypes and shapes
+    exactly, values to ``rtol``."""
+    import onnx.reference
+
+    import optkit.onnx
+
+    want = onnx.reference.ReferenceEvaluator(model).run(None, feeds)
+    got = optkit.onnx.prepare(model, jit=jit).run(feeds)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=1e-7)

@@ -82,7 +82,7 @@ def test_same_numbers_as_the_snapshot(name):
         pytest.skip("the onnx extra is not installed")
     assert name in CASES, f"case {name} of the snapshot no longer exists in tests/project/snapshot/cases.py"
     if "refused" in want:
-        return  # not run by the snapshot's revision: nothing to compare (tests/onnx/test_backend.py runs it now)
+        return  # not run by the snapshot's revision: nothing to compare (tests/onnx/ops/test_backend.py runs it now)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         got = CASES[name]()

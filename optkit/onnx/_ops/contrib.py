@@ -8,7 +8,7 @@ The fused attentions (``Attention``, ``MultiHeadAttention``, ``GroupQueryAttenti
 :mod:`~optkit.onnx._ops.contrib_attention`.
 
 Formulas from ONNX Runtime's contrib operator documentation (``docs/ContribOperators.md``), each checked against
-ONNX Runtime 1.32's CPU kernels (tests/onnx/test_contrib.py, tests/onnx/test_quantized.py): statistics in
+ONNX Runtime 1.32's CPU kernels (tests/onnx/ops/test_contrib.py, tests/onnx/files/test_quantized.py): statistics in
 float32 for 16-bit inputs, the population variance, the epsilon defaults ONNX Runtime's schemas give (1e-12 for
 the Skip normalizations).
 """

@@ -3,8 +3,9 @@ onnxruntime-genai's model builder write them: ``Attention`` (BERT- and GPT-style
 ``MultiHeadAttention``, ``GroupQueryAttention`` (grouped key/value heads and a KV cache) and ``RotaryEmbedding``.
 
 Formulas from ONNX Runtime's contrib operator documentation (``docs/ContribOperators.md``), each checked against
-ONNX Runtime 1.32's CPU kernels (tests/onnx/test_contrib_attention.py, tests/onnx/test_group_query_attention.py):
-softmax in float32 for 16-bit inputs, the masks as its CPU kernels read them.
+ONNX Runtime 1.32's CPU kernels (tests/onnx/ops/test_contrib_attention.py,
+tests/onnx/ops/test_group_query_attention.py): softmax in float32 for 16-bit inputs, the masks as its CPU kernels
+read them.
 """
 
 from __future__ import annotations

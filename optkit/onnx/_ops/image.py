@@ -5,8 +5,8 @@ Decoded on the host by Pillow, the library ONNX's reference implementation decod
 known before running (a graph input feeding it is static: one compile per image; computed from values, the node
 runs between ``prepare``'s compiled segments). The decoded size is bounded by ``max_tensor_bytes`` before Pillow
 decodes the pixels (Pillow reads the size from the header). Checked against ONNX's node cases
-(tests/onnx/test_backend.py; their expected images are Pillow's, through ONNX's reference implementation) and PNGs
-of known pixels (tests/onnx/test_ops.py); ONNX Runtime 1.32 does not implement ``ImageDecoder``.
+(tests/onnx/ops/test_backend.py; their expected images are Pillow's, through ONNX's reference implementation) and PNGs
+of known pixels (tests/onnx/ops/test_image.py); ONNX Runtime 1.32 does not implement ``ImageDecoder``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the host, :mod:`optkit.onnx._ops.text`).
 
 Formulas from the ``ai.onnx.ml`` operator pages, their details (binary classifiers' two scores, the post
 transforms, a missing value's branch) as ONNX Runtime's CPU kernels compute them, each checked against ONNX
-Runtime on skl2onnx's conversions of models trained on scikit-learn's data sets (tests/onnx/test_ml.py).
+Runtime on skl2onnx's conversions of models trained on scikit-learn's data sets (tests/onnx/files/test_ml.py).
 Class labels are integers (``classlabels_ints``); string labels, and ``ZipMap``'s sequence of maps, are not
 run (skl2onnx writes tensors instead with ``options={id(model): {"zipmap": False}}`` and integer targets). The
 float coefficients are attributes, constants of the graph; the outputs are differentiable in the inputs.

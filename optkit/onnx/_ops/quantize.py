@@ -25,9 +25,9 @@ import numpy as np
 import onnx
 
 from optkit.onnx._base.values import onnx_dtype
+from optkit.onnx._ops._cast import FLOAT8, cast_to
 from optkit.onnx._ops._common import axis_index
 from optkit.onnx._ops._registry import Family, Float16, Fusion
-from optkit.onnx._ops.elementwise import FLOAT8, cast_to
 from optkit.onnx._ops.nn import build_conv
 
 OPS = Family("quantize")

@@ -10,7 +10,7 @@ element, unrolled, each element keeping its own shape. A sequence fed as a graph
 optional input is fed None when it is empty (docs "Running ONNX models", "Sequences and optionals").
 
 Semantics from ONNX's operator pages (``SequenceAt``... ``OptionalGetElement``), checked against ONNX's node test
-cases (tests/onnx/test_backend.py) and ONNX Runtime (tests/onnx/test_sequences.py).
+cases (tests/onnx/ops/test_backend.py) and ONNX Runtime (tests/onnx/ops/test_sequences.py).
 """
 
 from __future__ import annotations

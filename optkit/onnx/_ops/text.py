@@ -13,8 +13,8 @@ grouped by length (``ngram_counts[i]`` is where the (i+1)-grams start), each wit
 (``ngram_indexes``); an n-gram of length 2 or more is also counted with up to ``max_skip_count`` tokens skipped
 between its items (the same skip throughout), a 1-gram once; ``mode`` ``TF`` gives the counts, ``IDF`` the
 ``weights`` where a count is positive, ``TFIDF`` the counts times the ``weights``. Checked against ONNX's node
-cases (tests/onnx/test_backend.py) and ONNX Runtime (tests/onnx/test_ops.py). String pools (``pool_strings``) are
-refused: optkit runs tensors.
+cases (tests/onnx/ops/test_backend.py) and ONNX Runtime (tests/onnx/ops/test_text_and_signal.py). String pools
+(``pool_strings``) are refused: optkit runs tensors.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Export the detector family that tests/onnx/test_detectors.py runs: whole detectors with their post-processing.
+"""Export the detector family that tests/onnx/files/test_detectors.py runs: whole detectors with their post-processing.
 
 Small models with random weights (nothing downloaded), written by torch.onnx's TorchScript exporter (opset 17), the
 exporter torchvision documents for its detection models:

@@ -1,4 +1,4 @@
-"""Language models written by onnxruntime-genai's model builder, for tests/onnx/test_genai.py and the examples.
+"""Language models written by onnxruntime-genai's model builder, for tests/onnx/files/test_genai.py and the examples.
 
 Tiny random-weight LLaMA, Qwen2 and Phi-3 configs (hidden 32, 2 query heads sharing 1 key/value head of 16,
 2 layers), a byte-level BPE tokenizer trained here on ``textwrap``'s source (``tokenizers``; nothing is

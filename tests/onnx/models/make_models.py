@@ -1,4 +1,4 @@
-"""Export the real-exporter model set that tests/onnx/test_models.py runs (issue 23).
+"""Export the real-exporter model set that tests/onnx/files/test_models.py runs (issue 23).
 
 Small models with random weights, written by the exporters users use:
 

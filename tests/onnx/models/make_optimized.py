@@ -1,4 +1,4 @@
-"""Graphs that ONNX Runtime's transformer optimizer writes, for tests/onnx/test_optimized.py.
+"""Graphs that ONNX Runtime's transformer optimizer writes, for tests/onnx/files/test_optimized.py.
 
 A tiny BERT (transformers' ``BertModel``: hidden 32, 4 heads, 2 layers, random weights) exported by torch.onnx's
 TorchScript exporter at opset 17 with ``input_ids``, ``attention_mask`` and ``token_type_ids``, then fused by

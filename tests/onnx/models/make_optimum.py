@@ -1,4 +1,4 @@
-"""Files that Optimum's ONNX exporter and its ONNX Runtime optimizer write, for tests/onnx/test_optimum.py.
+"""Files that Optimum's ONNX exporter and its ONNX Runtime optimizer write, for tests/onnx/files/test_optimum.py.
 
 Tiny random-weight GPT-2, LLaMA, T5 and BERT configs (hidden 32, 2 layers) built with transformers and saved with
 ``save_pretrained`` (nothing downloaded), exported by ``optimum-cli export onnx`` (GPT-2 and LLaMA as

@@ -1,4 +1,4 @@
-"""Quantize an exported model to QDQ with ONNX Runtime's own tool, for tests/onnx/test_quantized.py.
+"""Quantize an exported model to QDQ with ONNX Runtime's own tool, for tests/onnx/files/test_quantized.py.
 
 ``onnxruntime.quantization.quantize_static`` (QDQ format, its defaults: uint8 activations with zero
 points, int8 weights, per tensor; calibrated on 16 random batches) turns

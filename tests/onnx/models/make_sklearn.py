@@ -1,4 +1,4 @@
-"""scikit-learn models converted by skl2onnx, for tests/onnx/test_ml.py.
+"""scikit-learn models converted by skl2onnx, for tests/onnx/files/test_ml.py.
 
 Linear models, scalers, normalizers, an imputer and a binarizer, random forests, gradient boosting and a decision
 tree, fitted on data sets that scikit-learn ships (iris, diabetes, breast cancer; a copy of iris with missing

@@ -238,7 +238,7 @@ def _in_x64(fn):
 
 
 # ONNX's backend test cases: every node and model case, run through optkit.onnx as
-# tests/onnx/test_backend.py runs them (training cases compiled, the rest op by op).
+# tests/onnx/ops/test_backend.py runs them (training cases compiled, the rest op by op).
 _ONNX_KINDS = ("node", "simple", "pytorch-converted", "pytorch-operator")
 
 

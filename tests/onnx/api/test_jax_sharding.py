@@ -9,12 +9,11 @@ keep their shardings. Runs in a child process with 8 devices when the suite has 
 
 from __future__ import annotations
 
-import pathlib
-
 import jax
 import pytest
 
 from tests._devices import has_devices, rerun_in_child
+from tests.onnx.helpers import ONNX_TESTS
 
 pytest.importorskip("onnx")
 
@@ -37,7 +36,7 @@ else:
     import optkit
     import optkit.onnx
 
-    MODEL = pathlib.Path(__file__).parent / "models" / "torch_torchscript_mlp"
+    MODEL = ONNX_TESTS / "models" / "torch_torchscript_mlp"
     OPTIMIZERS = {
         "optkit.adafactor": lambda: optkit.adafactor(1e-2),
         "optax.adamw chain": lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3)),
@@ -138,7 +137,7 @@ else:
         """A BERT exported by torch.onnx (dynamo): its token embedding is a Gather of int64 ids, which JAX's
         default (explicit) mesh axes require an output sharding for; under ``jax.set_mesh`` with the batch of
         ids sharded over ``data`` a jitted ``value_and_grad`` and Optax step equal one device's."""
-        path = pathlib.Path(__file__).parent / "models" / "torch_dynamo_bert"
+        path = ONNX_TESTS / "models" / "torch_dynamo_bert"
         ids = np.load(f"{path}.npz")["input"]  # (2, 8) int64: one row per device of a 2-device data axis
         apply_fn, params = optkit.onnx.to_jax(f"{path}.onnx", untie=True)
         tx = optax.adamw(1e-3)
@@ -164,7 +163,7 @@ else:
         """ONNX Runtime's fused operators gather by sharded ids too (GroupQueryAttention's rotary caches,
         EmbedLayerNormalization's tables): the builder's int4 LLaMA and the optimizer's BERT give one device's
         loss and gradients with their batch sharded over ``data`` of ``jax.make_mesh``'s default axes."""
-        model = onnx.load(str(pathlib.Path(__file__).parent / "models" / f"{name}.onnx"))
+        model = onnx.load(str(ONNX_TESTS / "models" / f"{name}.onnx"))
         apply_fn, params = optkit.onnx.to_jax(model)
         rng = np.random.default_rng(0)
         feeds = {}
@@ -222,7 +221,7 @@ else:
         """Each export gives one device's loss and gradients with its batch sharded over ``data`` of
         ``jax.make_mesh``'s default (explicit) axes, under ``jax.set_mesh`` (GPT-2 also with its layers scanned
         and its arrays placed by ``NamedSharding`` alone, no mesh set, as examples/onnx_finetune_jax.py does)."""
-        path = pathlib.Path(__file__).parent / "models" / name
+        path = ONNX_TESTS / "models" / name
         for scan in (False, True) if name == "torch_dynamo_gpt2" else (None,):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # (the dynamo exporter's shared constants)

@@ -3,7 +3,7 @@ against ONNX Runtime's CPU provider on the same models and feeds: compiled (``pr
 ``jax.jit`` (``to_jax``), their gradients against float64 central differences, sequences fed and returned, and a
 ``Loop`` that grows a sequence (its slices' ends computed per iteration) run between compiled segments. ONNX's own
 node cases (``sequence_*``, ``optional_*``, ``split_to_sequence_*``, ``identity_sequence``, ``if_seq``,
-``loop13_seq``...) run in tests/onnx/test_backend.py."""
+``loop13_seq``...) run in tests/onnx/ops/test_backend.py."""
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +16,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
-from tests.onnx.helpers import assert_gradients_match_central_differences, onnx_model  # noqa: E402
+from tests.onnx.helpers import ONNX_TESTS, assert_gradients_match_central_differences, onnx_model  # noqa: E402
 
 F, D, I64 = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64
 RNG = np.random.default_rng(47)
@@ -191,9 +191,8 @@ def test_torchs_embedding_bag_exports_run_through_prepare_as_onnx_runtime(export
     """A DLRM-style nn.EmbeddingBag as both torch.onnx exporters write it (tests/onnx/models/make_models.py
     ``bags``): TorchScript's Loop slices the bags with ends read from the offsets, dynamo's grows a sequence; both
     run between compiled segments and give ONNX Runtime's values; inside jax.jit they are refused by name."""
-    import pathlib
 
-    folder = pathlib.Path(__file__).parent / "models" / "bags"
+    folder = ONNX_TESTS / "models" / "bags"
     data = np.load(folder / f"torch_{exporter}_embedding_bag.npz")
     with jax.enable_x64(x64):
         got = optkit.onnx.prepare(str(folder / f"torch_{exporter}_embedding_bag.onnx")).run(

@@ -4,8 +4,6 @@ coefficients."""
 
 from __future__ import annotations
 
-import pathlib
-
 import numpy as np
 import pytest
 
@@ -17,8 +15,9 @@ import onnx  # noqa: E402
 import onnxruntime  # noqa: E402
 
 import optkit.onnx  # noqa: E402
+from tests.onnx.helpers import ONNX_TESTS  # noqa: E402
 
-SKLEARN = pathlib.Path(__file__).parent / "models" / "sklearn"
+SKLEARN = ONNX_TESTS / "models" / "sklearn"
 NAMES = sorted(p.stem for p in SKLEARN.glob("*.onnx"))
 
 

@@ -2,7 +2,6 @@
 INT64 and DOUBLE run, nothing switches it inside a call, and the ordinary sequences users run give ONNX
 Runtime's values with 64-bit mode off and on."""
 
-import pathlib
 import warnings
 
 import jax
@@ -22,8 +21,9 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import optkit  # noqa: E402
 import optkit.onnx  # noqa: E402
+from tests.onnx.helpers import ONNX_TESTS  # noqa: E402
 
-MODELS = pathlib.Path(__file__).parent / "models"
+MODELS = ONNX_TESTS / "models"
 MODES = [pytest.param(False, id="x64-off"), pytest.param(True, id="x64-on")]
 
 

@@ -2,7 +2,7 @@
 against ONNX Runtime's CPU provider on the same models and feeds, compiled (``prepare``) and op by op: the string
 operators chained, a string comparison steering a compiled float computation (one compile per string value), and
 bad feeds named. ONNX's own node cases (``string_*``, ``strnormalizer_*``, ``regex_full_match_*``, ``equal_string*``)
-run in tests/onnx/test_backend.py."""
+run in tests/onnx/ops/test_backend.py."""
 
 import jax
 import numpy as np

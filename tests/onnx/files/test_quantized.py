@@ -8,8 +8,6 @@ estimator written out in NumPy.
 
 from __future__ import annotations
 
-import pathlib
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -23,11 +21,12 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import optkit.onnx  # noqa: E402
+from tests.onnx.helpers import ONNX_TESTS  # noqa: E402
 
 # ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.
 pytestmark = pytest.mark.x64
 
-QUANTIZED = pathlib.Path(__file__).parent / "models" / "quantized"
+QUANTIZED = ONNX_TESTS / "models" / "quantized"
 
 
 @pytest.mark.parametrize("jit", [True, False])

@@ -1,7 +1,6 @@
 """``python -m optkit.onnx`` / ``optkit-onnx``: ``check`` and ``summary`` on the committed exports and on files
 optkit cannot run."""
 
-import pathlib
 import subprocess
 import sys
 
@@ -14,14 +13,15 @@ import onnx  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from optkit.onnx._cli import main, summary  # noqa: E402
+from tests.onnx.helpers import ONNX_TESTS  # noqa: E402
 
-MODELS = pathlib.Path(__file__).parent / "models"
+MODELS = ONNX_TESTS / "models"
 EXPORTED = sorted(MODELS.glob("*.onnx"))
 
 
 @pytest.mark.parametrize("path", EXPORTED[::4], ids=lambda p: p.stem)
 def test_check_and_summary_on_exported_models(path, capsys):
-    """Every fourth committed export (the rest load in tests/onnx/test_models.py): check exits 0, and the summary
+    """Every fourth committed export (the rest load in tests/onnx/files/test_models.py): check exits 0, and the summary
     names each declared input and counts the nodes and initializers as the file has them."""
     assert main(["check", str(path)]) == 0
     assert "OK, every operator is supported" in capsys.readouterr().out
@@ -110,7 +110,7 @@ RUN = ["jax2onnx_transformer_block", "torch_dynamo_bert", "torch_dynamo_gru", "t
 @pytest.mark.parametrize("path", [MODELS / f"{name}.onnx" for name in RUN], ids=lambda p: p.stem)
 def test_run_compares_with_onnx_runtime_and_checks_the_gradient(path, capsys):
     """Five exports of five families (jax2onnx, int64 token ids, a recurrent net, a CNN, window attention; each
-    export runs against ONNX Runtime and float64 gradients in tests/onnx/test_models.py and test_jax.py, and every
+    export runs against ONNX Runtime and float64 gradients in tests/onnx/files/test_models.py and test_jax.py, and every
     one passed this command when it was written): random inputs within the declared shapes, ONNX Runtime's
     outputs within float32 rounding, jax.grad against central differences."""
     pytest.importorskip("onnxruntime")

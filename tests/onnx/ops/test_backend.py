@@ -15,7 +15,6 @@ compiled (``jax.jit``), and where output sizes depend on values (NonZero, Unique
 NonMaxSuppression, a Loop with a computed condition and scan outputs), as compiled segments around those nodes.
 """
 
-import pathlib
 import re
 
 import pytest
@@ -27,11 +26,12 @@ import onnx.backend.test.loader  # noqa: E402
 
 import optkit.onnx  # noqa: E402
 from optkit.onnx._load.files import ORT_DEFAULT_DOMAIN_OPS  # noqa: E402
+from tests.onnx.helpers import ONNX_TESTS  # noqa: E402
 
 # ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.
 pytestmark = pytest.mark.x64
 
-CASES = tuple(line.strip() for line in (pathlib.Path(__file__).parent / "onnx_backend_cases.txt").read_text()
+CASES = tuple(line.strip() for line in (ONNX_TESTS / "onnx_backend_cases.txt").read_text()
               .splitlines() if line.strip() and not line.startswith("#"))
 TRAINING = r"^test_(adagrad|adam|momentum|nesterov_momentum|gradient_of_add)\w*_cpu$"
 _WANTED = {f"{name}_cpu" for name in CASES}
@@ -77,11 +77,11 @@ def test_selection():
              for case in onnx.backend.test.loader.load_model_tests(kind=kind)]
     assert {c.name for c in every if c.kind == "pytorch-converted"} <= listed
     covered = set().union(*(_operators_of(c) for c in every if c.name in listed))
-    # (ONNX Runtime's default-domain extensions have no ONNX cases: tests/onnx/test_contrib.py runs them.)
+    # (ONNX Runtime's default-domain extensions have no ONNX cases: tests/onnx/ops/test_contrib.py runs them.)
     table = {op for domain, op, _ in optkit.onnx.supported_ops() if domain == ""} - ORT_DEFAULT_DOMAIN_OPS
     # ONNX's cases of the random operators compute their expected values with NumPy's generator (skipped by the
-    # conformance harness); tests/onnx/test_ops.py checks their distributions and seeds instead.
+    # conformance harness); tests/onnx/ops/test_versions.py checks their distributions and seeds instead.
     random = {"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli", "Multinomial"}
     # Optional's one ONNX case (loop16_seq_none) returns a sequence ONNX's runner cannot compare (skipped by the
-    # harness); tests/onnx/test_sequences.py runs Optional against ONNX Runtime instead.
+    # harness); tests/onnx/ops/test_sequences.py runs Optional against ONNX Runtime instead.
     assert table - random - {"Optional"} <= covered, sorted(table - random - {"Optional"} - covered)

@@ -1,7 +1,7 @@
 """If, Loop and Scan in optkit.onnx: how each runs traced (jit) and op by op, their bounds and refusals.
 
 ONNX's own node cases (tests/onnx/onnx_backend_cases.txt) check the values op by op, and
-tests/onnx/test_gradients.py the gradients of If, Loop (a constant-true loop as ``lax.scan``, a loop
+tests/onnx/ops/test_gradients.py the gradients of If, Loop (a constant-true loop as ``lax.scan``, a loop
 that stops on a computed condition as a masked scan) and Scan against finite differences. Here: a
 condition computed while running (``lax.cond``, ``lax.while_loop``) under ``jax.jit``, a gradient
 through a ``while_loop`` refused by name, a loop of 10**12 iterations refused, value-dependent scan

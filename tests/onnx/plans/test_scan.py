@@ -20,9 +20,9 @@ from onnx import helper, numpy_helper
 
 import optkit
 import optkit.onnx
-from tests.onnx.helpers import onnx_info, onnx_model
+from tests.onnx.helpers import ONNX_TESTS, onnx_info, onnx_model
 
-MODELS = __import__("pathlib").Path(__file__).parent / "models"
+MODELS = ONNX_TESTS / "models"
 WIDTH = 4
 
 

@@ -6,7 +6,6 @@ are in the file). Each documented port must give ONNX Runtime's 50 per-step loss
 
 import hashlib
 import json
-import pathlib
 
 import numpy as np
 import pytest
@@ -22,8 +21,9 @@ import optax  # noqa: E402
 import optkit  # noqa: E402
 import optkit.onnx  # noqa: E402
 from benchmarks.ort_training_reference import LEARNING_RATE, batches, digits, symbolic_batch_model  # noqa: E402
+from tests.onnx.helpers import ONNX_TESTS  # noqa: E402
 
-REFERENCE = json.loads((pathlib.Path(__file__).parent / "ort_training_reference.json").read_text())
+REFERENCE = json.loads((ONNX_TESTS / "ort_training_reference.json").read_text())
 LOSSES = {
     "MSELoss": lambda out, target: optax.squared_error(out, target).mean(),
     "CrossEntropyLoss": lambda out, target: optax.softmax_cross_entropy_with_integer_labels(out, target).mean(),

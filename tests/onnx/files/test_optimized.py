@@ -4,8 +4,6 @@ runs as ONNX Runtime runs it on a padded batch, is differentiated in its float w
 
 from __future__ import annotations
 
-import pathlib
-
 import numpy as np
 import pytest
 
@@ -17,8 +15,9 @@ import onnx  # noqa: E402
 import optax  # noqa: E402
 
 import optkit.onnx  # noqa: E402
+from tests.onnx.helpers import ONNX_TESTS  # noqa: E402
 
-OPTIMIZED = pathlib.Path(__file__).parent / "models" / "optimized"
+OPTIMIZED = ONNX_TESTS / "models" / "optimized"
 FEEDS = ("input_ids", "attention_mask", "token_type_ids")
 
 

@@ -356,7 +356,7 @@ def test_every_differentiable_operator_is_checked():
         "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Not", "Xor", "IsNaN",
         "IsInf", "Shape", "Size", "Constant", "ConstantOfShape", "Range", "ArgMax", "ArgMin", "Cast",
         "CastLike", "Floor", "Ceil", "Round", "Sign", "Mod", "BitShift",
-        # integer outputs; a QDQ pair's straight-through gradient is tests/onnx/test_quantized.py's
+        # integer outputs; a QDQ pair's straight-through gradient is tests/onnx/files/test_quantized.py's
         "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "QLinearMatMul",
         "ConvInteger", "QLinearConv", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "EyeLike", "NonZero",
         "HannWindow", "HammingWindow", "BlackmanWindow", "MelWeightMatrix",
@@ -367,13 +367,13 @@ def test_every_differentiable_operator_is_checked():
         "TfIdfVectorizer",  # counts of integer token ids
         "SequenceEmpty", "SequenceLength", "OptionalHasElement",  # no float input, or an integer/bool result
         # sequences and optionals move tensors without arithmetic, and DeformConv: their gradients are
-        # tests/onnx/test_sequences.py's and tests/onnx/test_ops.py's (central differences in float64)
+        # tests/onnx/ops/test_sequences.py's and tests/onnx/ops/test_versions.py's (central differences in float64)
         "SequenceConstruct", "SequenceAt", "SequenceInsert", "SequenceErase", "SplitToSequence",
         "ConcatFromSequence", "SequenceMap", "Optional", "OptionalGetElement", "DeformConv",
-        # random draws: constants for differentiation (tests/onnx/test_ops.py)
+        # random draws: constants for differentiation (tests/onnx/ops/test_versions.py)
         "RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli", "Multinomial",
     }
     checked = {c[1] for c in CASES}
-    # ONNX Runtime's default-domain extensions: their gradients are checked in tests/onnx/test_contrib.py.
+    # ONNX Runtime's default-domain extensions: their gradients are checked in tests/onnx/ops/test_contrib.py.
     table = {op for domain, op, _ in optkit.onnx.supported_ops() if domain == ""} - ORT_DEFAULT_DOMAIN_OPS
     assert table - checked - without_gradient == set(), sorted(table - checked - without_gradient)

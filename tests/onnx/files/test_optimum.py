@@ -5,8 +5,6 @@ Each gives ONNX Runtime's outputs on a prompt and on a decode step."""
 
 from __future__ import annotations
 
-import pathlib
-
 import numpy as np
 import pytest
 
@@ -16,8 +14,9 @@ import jax  # noqa: E402
 import onnx  # noqa: E402
 
 import optkit.onnx  # noqa: E402
+from tests.onnx.helpers import ONNX_TESTS  # noqa: E402
 
-OPTIMUM = pathlib.Path(__file__).parent / "models" / "optimum"
+OPTIMUM = ONNX_TESTS / "models" / "optimum"
 NAMES = sorted(p.stem for p in OPTIMUM.glob("*.onnx"))
 
 

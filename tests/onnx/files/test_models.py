@@ -21,11 +21,12 @@ import onnx  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
+from tests.onnx.helpers import ONNX_TESTS  # noqa: E402
 
 # ONNX's INT64 and DOUBLE as ONNX's own types: these tests run as a caller with JAX's 64-bit mode on.
 pytestmark = pytest.mark.x64
 
-MODELS = pathlib.Path(__file__).parent / "models"
+MODELS = ONNX_TESTS / "models"
 VERSIONS = json.loads((MODELS / "versions.json").read_text())
 EXPORTED = sorted(p.stem for p in MODELS.glob("*.onnx"))
 LIGHT = sorted(name for name in VERSIONS["models"] if name.startswith("light_"))
@@ -114,7 +115,7 @@ def test_gradient_matches_the_framework_float64_gradient(name):
 LEARNING_RATE = {"torch_dynamo_whisper": 3e-4}
 # The detector's output is its 10 best boxes sorted by score (TopK): a step reorders near-equal scores, so a loss on
 # the sorted output jumps, whatever the step size. Its gradient is checked above and it trains as a JAX function
-# (tests/onnx/test_jax.py); here it must load, run and step without error.
+# (tests/onnx/api/test_jax.py); here it must load, run and step without error.
 NOT_MONOTONE = {"torch_torchscript_detection"}
 
 

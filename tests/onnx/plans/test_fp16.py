@@ -14,7 +14,6 @@ so round the Gemm's result to float16 (ONNX Runtime's default output is farther 
 from __future__ import annotations
 
 import json
-import pathlib
 
 import numpy as np
 import pytest
@@ -25,8 +24,9 @@ onnxruntime = pytest.importorskip("onnxruntime")
 from onnx import helper, numpy_helper, shape_inference  # noqa: E402
 
 import optkit.onnx  # noqa: E402
+from tests.onnx.helpers import ONNX_TESTS  # noqa: E402
 
-FOLDER = pathlib.Path(__file__).parent / "models" / "fp16"
+FOLDER = ONNX_TESTS / "models" / "fp16"
 NAME = "torch_dynamo_gpt_neox_fp16"
 RECORD = json.loads((FOLDER / "versions.json").read_text())["models"][NAME]
 ARITHMETIC = {"Add", "Mul", "MatMul", "Pow", "Tanh", "Softmax", "LayerNormalization", "Where", "IsNaN"}

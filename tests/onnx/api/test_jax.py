@@ -12,7 +12,6 @@ steps of the plain path; the trained values go back to ONNX through ``with_initi
 from __future__ import annotations
 
 import json
-import pathlib
 
 import numpy as np
 import pytest
@@ -29,8 +28,9 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import optkit  # noqa: E402
 import optkit.onnx  # noqa: E402
+from tests.onnx.helpers import ONNX_TESTS  # noqa: E402
 
-MODELS = pathlib.Path(__file__).parent / "models"
+MODELS = ONNX_TESTS / "models"
 EXPORTED = sorted(p.stem for p in MODELS.glob("*.onnx"))
 VERSIONS = json.loads((MODELS / "versions.json").read_text())
 

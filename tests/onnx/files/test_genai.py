@@ -4,8 +4,6 @@ cache, greedy decoding through ``to_jax`` under ``jax.jit``, and gradients of th
 
 from __future__ import annotations
 
-import pathlib
-
 import numpy as np
 import pytest
 
@@ -16,8 +14,9 @@ import jax.numpy as jnp  # noqa: E402
 import onnx  # noqa: E402
 
 import optkit.onnx  # noqa: E402
+from tests.onnx.helpers import ONNX_TESTS  # noqa: E402
 
-GENAI = pathlib.Path(__file__).parent / "models" / "genai"
+GENAI = ONNX_TESTS / "models" / "genai"
 FOLDERS = sorted(p.name for p in GENAI.iterdir() if p.is_dir())
 
 

@@ -10,8 +10,6 @@ fixtures: torch.onnx's GPT-2 (dynamo: Gemm weights), BERT (TorchScript: MatMul w
 
 from __future__ import annotations
 
-import pathlib
-
 import numpy as np
 import pytest
 
@@ -27,8 +25,9 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import optkit  # noqa: E402
 import optkit.onnx  # noqa: E402
+from tests.onnx.helpers import ONNX_TESTS  # noqa: E402
 
-MODELS = pathlib.Path(__file__).parent / "models"
+MODELS = ONNX_TESTS / "models"
 FILES = {"gpt2": MODELS / "torch_dynamo_gpt2.onnx", "bert": MODELS / "torch_torchscript_bert.onnx",
          "int4_llama": MODELS / "quantized" / "ort_int4_llama.onnx",
          "int4_bert": MODELS / "quantized" / "ort_int4_bert.onnx",

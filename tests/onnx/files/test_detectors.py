@@ -11,7 +11,6 @@ alone are a JAX function that matches ONNX Runtime's values there and trains und
 from __future__ import annotations
 
 import json
-import pathlib
 import warnings
 
 import numpy as np
@@ -26,8 +25,9 @@ import optax  # noqa: E402
 import optkit  # noqa: E402
 import optkit.onnx  # noqa: E402
 from optkit.onnx._base.errors import ValueDependentError  # noqa: E402
+from tests.onnx.helpers import ONNX_TESTS  # noqa: E402
 
-HERE = pathlib.Path(__file__).parent / "models" / "detectors"
+HERE = ONNX_TESTS / "models" / "detectors"
 VERSIONS = json.loads((HERE / "versions.json").read_text())
 DETECTORS = sorted(VERSIONS["models"])
 
