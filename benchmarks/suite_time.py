@@ -5,6 +5,11 @@ Record (the README's test command, with the plugin loaded in every xdist worker)
     python -m pytest -n 2 tests -p benchmarks.suite_time
     python -m benchmarks.suite_time            # the tables, from benchmarks/out/suite_time/
 
+The quick tier (``-m "not slow"``) is chosen from such records (:func:`quick_tier`)::
+
+    python -m pytest -n 2 -m "not slow" tests -p benchmarks.suite_time
+    python -m benchmarks.suite_time --quick-tier 360 --write tests/slow_cases.txt
+
 The plugin appends one JSON line per test to ``<dir>/<pid>.jsonl`` (``OPTKIT_SUITE_TIME_DIR``, default
 ``benchmarks/out/suite_time``; the report reads every file there, so empty it between runs): the test's
 wall-clock and CPU seconds in its own process, and the seconds JAX reports through ``jax.monitoring`` for
@@ -121,16 +126,73 @@ def report(records: list[dict], top: int = 15) -> str:
     return "\n".join(lines)
 
 
+def _function(test_id: str) -> str:
+    """A test's function: its id without the parameters (``path::name[params]`` -> ``path::name``)."""
+    return test_id.split("[", 1)[0]
+
+
+def quick_tier(records: list[dict], budget: float, cap: float) -> list[str]:
+    """The tests to leave out of the quick tier (sorted ids) so that the recorded time of those kept sums to at most
+    ``budget`` seconds (over the workers), measured, never guessed.
+
+    Every test function keeps its cheapest case when that case takes at most ``cap`` seconds (a heavier one is
+    left out when its module keeps another test: every module stays represented); then the other cases are kept,
+    cheapest first, while the sum allows. A test the records do not hold (a new one) is never left out.
+
+    Raises:
+      ValueError: no records.
+    """
+    if not records:
+        raise ValueError("no records: run the quick tier with -p benchmarks.suite_time first")
+    by_function: dict[str, list[dict]] = collections.defaultdict(list)
+    for record in records:
+        by_function[_function(record["test"])].append(record)
+    kept: set[str] = set()
+    for cases in by_function.values():
+        cheapest = min(cases, key=lambda record: record["wall"])
+        if cheapest["wall"] <= cap:
+            kept.add(cheapest["test"])
+    modules = {record["test"].split("::", 1)[0] for record in records}
+    for module in modules - {test.split("::", 1)[0] for test in kept}:  # each module keeps its cheapest test
+        kept.add(min((r for r in records if r["test"].startswith(module + "::")), key=lambda r: r["wall"])["test"])
+    total = sum(record["wall"] for record in records if record["test"] in kept)
+    for record in sorted(records, key=lambda record: record["wall"]):
+        if record["test"] not in kept and total + record["wall"] <= budget:
+            kept.add(record["test"])
+            total += record["wall"]
+    return sorted(record["test"] for record in records if record["test"] not in kept)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="Report where a recorded test run's time went.")
     parser.add_argument("folder", nargs="?", type=pathlib.Path, default=DEFAULT_DIR,
                         help=f"the plugin's records (default {DEFAULT_DIR})")
     parser.add_argument("--top", type=int, default=15, help="modules and tests to list (default 15)")
+    parser.add_argument("--quick-tier", type=float, metavar="SECONDS",
+                        help="from records of the quick tier: the tests to leave out of it so that the others sum "
+                             "to SECONDS of test time over the workers (see quick_tier)")
+    parser.add_argument("--cap", type=float, default=6.0,
+                        help="with --quick-tier: a test function's cheapest case stays only if it takes at most "
+                             "this many seconds (default 6)")
+    parser.add_argument("--write", type=pathlib.Path, help="with --quick-tier: write the ids to this file")
     args = parser.parse_args(argv)
     try:
-        print(report(read(args.folder), args.top))
+        records = read(args.folder)
+        if args.quick_tier is None:
+            print(report(records, args.top))
+            return
+        excluded = quick_tier(records, args.quick_tier, args.cap)
     except ValueError as error:
         sys.exit(f"suite_time: {error}")
+    kept = [r for r in records if r["test"] not in set(excluded)]
+    summary = (f"quick tier: {len(kept)} of {len(records)} recorded tests kept, {sum(r['wall'] for r in kept):.0f} "
+               f"of {sum(r['wall'] for r in records):.0f} s; {len(excluded)} left out")
+    if args.write:
+        header = ("# Tests the quick tier (-m 'not slow') leaves out, chosen from measured times by\n"
+                  f"# python -m benchmarks.suite_time --quick-tier {args.quick_tier:g} --cap {args.cap:g} "
+                  f"--write {args.write}\n# ({summary}). tests/conftest.py marks each slow.\n")
+        args.write.write_text(header + "".join(f"{test}\n" for test in excluded), encoding="utf-8")
+    print(summary)
 
 
 if __name__ == "__main__":

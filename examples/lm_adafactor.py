@@ -14,8 +14,8 @@ Adam with a constant learning rate (``--adam-lr``).
 
 Run from the repository root (a few minutes on 2 CPU cores)::
 
-    python -m examples.lm_adafactor            # 300 steps per optimizer
-    python -m examples.lm_adafactor --steps 3000 --d-model 256 --layers 6
+    python examples/lm_adafactor.py            # 300 steps per optimizer
+    python examples/lm_adafactor.py --steps 3000 --d-model 256 --layers 6
 """
 
 from __future__ import annotations

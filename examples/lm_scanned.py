@@ -14,8 +14,8 @@ curves part.
 
 Run from the repository root (about a minute on 2 CPU cores)::
 
-    python -m examples.lm_scanned
-    python -m examples.lm_scanned --no-rules      # the stacked arrays as whole tensors: the curves differ
+    python examples/lm_scanned.py
+    python examples/lm_scanned.py --no-rules      # the stacked arrays as whole tensors: the curves differ
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ ONNX Runtime, when installed, runs that file and must give the same test accurac
 
 Run from the repository root::
 
-    python -m examples.onnx_finetune              # about a minute on 2 CPU cores
-    python -m examples.onnx_finetune --steps 40   # a quick look
+    python examples/onnx_finetune.py              # about a minute on 2 CPU cores
+    python examples/onnx_finetune.py --steps 40   # a quick look
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ installed, which must give optkit's test accuracy.
 
 Run from the repository root::
 
-    python -m examples.onnx_finetune_jax                          # about a minute on 2 CPU cores
-    python -m examples.onnx_finetune_jax --optimizer adamw --steps 60
-    XLA_FLAGS=--xla_force_host_platform_device_count=4 python -m examples.onnx_finetune_jax  # 4 devices
+    python examples/onnx_finetune_jax.py                          # about a minute on 2 CPU cores
+    python examples/onnx_finetune_jax.py --optimizer adamw --steps 60
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 python examples/onnx_finetune_jax.py  # 4 devices
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ cache, and onnxruntime-genai too when it is installed; the tokens must agree.
 
 Run from the repository root::
 
-    python -m examples.onnx_llm                        # a few seconds on 2 CPU cores
-    python -m examples.onnx_llm --model tests/onnx/models/genai/qwen2_fp32 --tokens 24
+    python examples/onnx_llm.py                        # a few seconds on 2 CPU cores
+    python examples/onnx_llm.py --model tests/onnx/models/genai/qwen2_fp32 --tokens 24
 """
 
 from __future__ import annotations

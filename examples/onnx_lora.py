@@ -18,8 +18,8 @@ is installed).
 
 Run from the repository root::
 
-    python -m examples.onnx_lora                        # about 20 s on 2 CPU cores
-    python -m examples.onnx_lora --steps 300 --rank 16
+    python examples/onnx_lora.py                        # about 20 s on 2 CPU cores
+    python examples/onnx_lora.py --steps 300 --rank 16
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from examples.onnx_llm import DEFAULT_MODEL, Decoder, greedy_genai, greedy_jax
+if __package__ in (None, ""):  # run as a file: make the repository root importable
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from examples.onnx_llm import DEFAULT_MODEL, Decoder, greedy_genai, greedy_jax  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -24,8 +24,8 @@ nothing is simulated: the same code runs on them.
 
 Run from the repository root (about a minute on 2 CPU cores)::
 
-    python -m examples.sharded_training
-    python -m examples.sharded_training --steps 200 --d-model 256 --layers 4
+    python examples/sharded_training.py
+    python examples/sharded_training.py --steps 200 --d-model 256 --layers 4
 """
 
 from __future__ import annotations

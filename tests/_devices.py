@@ -70,4 +70,6 @@ def rerun_in_child(*module_files: str):
             pytest.fail(f"{names} failed on {NUM_DEVICES} simulated CPU devices:\n{report[-20000:]}")
 
     test_on_8_simulated_cpu_devices.reruns_in_child = tuple(map(os.path.realpath, module_files))
-    return test_on_8_simulated_cpu_devices
+    # A child of 8 devices is never part of the quick tier (-m "not slow"): it starts JAX again and compiles for
+    # a mesh (the whole suite's child is its longest test).
+    return pytest.mark.slow(test_on_8_simulated_cpu_devices)

@@ -73,10 +73,21 @@ LONGEST_FIRST = ("tests/sharding/test_simulated_devices.py", "tests/sharding/tes
                  "tests/project/test_examples.py", "tests/project/test_benchmarks.py")
 
 
+# The quick tier (-m "not slow") leaves out, besides the modules marked slow, the cases listed here: chosen from
+# measured times (benchmarks.suite_time --quick-tier) so that it runs in minutes with every test function that
+# can stay represented by its cheapest case; the whole suite runs them all.
+SLOW_CASES = frozenset(line.strip() for line in open(os.path.join(os.path.dirname(__file__), "slow_cases.txt"),
+                                                       encoding="utf-8") if line.strip() and not line.startswith("#"))
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """In a run that collects tests/sharding/test_simulated_devices.py's one child for every 8-device module, drop the
     modules' own child tests (tests/_devices.py), which would run the same tests again; then put the longest tests
-    first (:data:`LONGEST_FIRST`)."""
+    first (:data:`LONGEST_FIRST`). Before ``-m`` selects, the cases of :data:`SLOW_CASES` are marked slow."""
+    for item in items:
+        if item.nodeid in SLOW_CASES:
+            item.add_marker(pytest.mark.slow)
     everything = [item for item in items if len(_reruns(item)) > 1]
     covered = {module for item in everything for module in _reruns(item)}
     dropped = [item for item in items if len(_reruns(item)) == 1 and _reruns(item)[0] in covered]

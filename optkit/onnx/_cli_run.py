@@ -2,8 +2,11 @@
 checked against finite differences.
 
 - Inputs: a ``.npz`` file (``--inputs``; its keys are the graph input names) or random values within the
-  declared shapes (each symbolic dimension ``--dim NAME=SIZE``, default 2; floats standard normal, integers
-  uniform in ``[0, --int-high)``, booleans fair coins; seeded by ``--seed``).
+  declared shapes (:func:`random_inputs`: each symbolic dimension ``--dim NAME=SIZE``, default 2; floats standard
+  normal, integers uniform in ``[0, --int-high)``, booleans fair coins; seeded by ``--seed``), made valid for a
+  language model's usual inputs: an ``attention_mask`` of ones, ``position_ids`` counting on from the past, a
+  total length the past plus the new tokens (``past_sequence_length + sequence_length``, GenAI's
+  ``total_sequence_length``), and the KV cache's head size from the ``genai_config.json`` beside the model.
 - Times: the first call (load excluded: tracing, compiling and running) and the steady call (median of
   ``--repeat`` calls), through :func:`optkit.onnx.prepare` (one compiled program).
 - ``--compare-ort``: ONNX Runtime's CPU provider on the same inputs; a floating-point output differing by
@@ -15,26 +18,45 @@ checked against finite differences.
   best of step sizes ``1e-2, 1e-3, 1e-4`` (float32 arithmetic) must agree with ``g . d`` to ``--grad-rtol``
   (default 1e-2) times ``|g|``, or it exits 1.
 
+- Every floating-point output with NaN or infinite values is named with their count; under ``--compare-ort``
+  that fails the run.
+
 The command runs in JAX's 64-bit mode (``jax.enable_x64``), so ONNX's INT64 and DOUBLE run as ONNX Runtime
-runs them.
+runs them. Exit status (:data:`EXIT_CODES`): 0 the model ran (and matched, with ``--compare-ort`` or
+``--grad``); 1 it cannot be loaded, its run failed, or it did not match (a different or non-finite output, a
+gradient off); 2 a usage error (an ``--inputs`` file missing or not a ``.npz`` of arrays, a ``--dim`` the model
+does not declare, an input whose values cannot be drawn); 3 ONNX Runtime refused the model or its inputs
+(``--compare-ort``: nothing to compare with).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import sys
 import time
+import zipfile
 from typing import Any
 
 import numpy as np
 
-__all__ = ["add_parser", "run"]
+__all__ = ["EXIT_CODES", "add_parser", "random_inputs", "run"]
+
+EXIT_CODES = {0: "the model ran (and matched)", 1: "load error, run error or mismatch", 2: "usage error",
+              3: "ONNX Runtime refused the model (--compare-ort)"}
+
+
+class _UsageError(Exception):
+    """A command-line mistake: one line on standard error, exit status 2."""
 
 
 def add_parser(commands: Any) -> None:
     """The ``run`` subcommand's arguments."""
     parser = commands.add_parser("run", help="run a model on given or random inputs; time it; compare with ONNX "
-                                             "Runtime (--compare-ort); check its gradient (--grad)")
+                                             "Runtime (--compare-ort); check its gradient (--grad)",
+                                 epilog="exit status: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()))
     parser.add_argument("model", help="path to a .onnx file (external data read from its directory)")
     parser.add_argument("--inputs", help=".npz file of input arrays by graph input name (default: random)")
     parser.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
@@ -56,26 +78,92 @@ def _dims(specs: list[str]) -> dict[str, int]:
     for spec in specs:
         name, sep, size = spec.partition("=")
         if not sep or not size.strip().isdigit():
-            raise SystemExit(f"optkit-onnx run: --dim takes NAME=SIZE (a non-negative integer), got {spec!r}")
+            raise _UsageError(f"--dim takes NAME=SIZE (a non-negative integer), got {spec!r}")
         sizes[name.strip()] = int(size)
     return sizes
 
 
-def random_inputs(infos: Any, dims: dict[str, int], seed: int, int_high: int) -> dict[str, np.ndarray]:
-    """Random values of the declared dtypes and shapes (symbolic and unknown dimensions sized by ``dims``,
-    default 2). Raises SystemExit naming an input whose rank or dtype is not declared."""
+_PAST, _NEW, _TOTAL = "past_sequence_length", "sequence_length", "total_sequence_length"
+
+
+def _symbols(infos: Any) -> set[str]:
+    """The symbolic dimensions the inputs declare, an expression's names among them (``past + sequence``)."""
+    names = set()
+    for info in infos:
+        for d in info.shape or ():
+            if isinstance(d, str):
+                names |= {term.strip() for term in d.split("+") if term.strip() and not term.strip().isdigit()}
+    return names
+
+
+def _sizes(infos: Any, given: dict[str, int], folder: str | None) -> dict[str, int]:
+    """Each symbolic dimension's size: ``given`` (``--dim``), else the KV cache's head size from GenAI's
+    ``genai_config.json`` in ``folder`` (``kv_cache_dim``), else 2; a total length is the past plus the new."""
+    declared = _symbols(infos)
+    unknown = sorted(set(given) - declared)
+    if unknown:
+        raise _UsageError(f"--dim {unknown[0]}: the model declares no dimension {unknown[0]!r} (its symbolic "
+                          f"dimensions: {', '.join(sorted(declared)) or 'none'})")
+    sizes = {name: 2 for name in declared}
+    config = os.path.join(folder, "genai_config.json") if folder else None
+    if "kv_cache_dim" in declared and config and os.path.isfile(config):
+        with open(config, encoding="utf-8") as f:
+            decoder = json.load(f).get("model", {}).get("decoder", {})
+        if isinstance(decoder.get("head_size"), int):
+            sizes["kv_cache_dim"] = decoder["head_size"]
+    sizes.update(given)
+    if _TOTAL in declared and _TOTAL not in given:
+        sizes[_TOTAL] = sizes.get(_PAST, 0) + sizes.get(_NEW, 0) if _PAST in declared and _NEW in declared else 2
+    return sizes
+
+
+def _size(dim: Any, sizes: dict[str, int]) -> int:
+    if isinstance(dim, int):
+        return dim
+    return sum(int(term) if term.strip().isdigit() else sizes.get(term.strip(), 2) for term in str(dim).split("+"))
+
+
+def random_inputs(infos: Any, dims: dict[str, int], seed: int, int_high: int,
+                  folder: str | None = None) -> dict[str, np.ndarray]:
+    """Random values of the declared dtypes and shapes, valid for a language model's usual inputs.
+
+    Args:
+      infos: the graph inputs (:class:`optkit.onnx.InputInfo`); those with an initializer default are left out.
+      dims: symbolic dimension sizes (``--dim``); the others 2, a KV cache's ``kv_cache_dim`` read from the
+        ``genai_config.json`` in ``folder`` (GenAI's builder), a total length (``total_sequence_length``, or a
+        declared ``past_sequence_length + sequence_length``) the sum of its parts.
+      seed: NumPy's generator seed. int_high: integers are drawn from ``[0, int_high)``.
+      folder: the model's directory, or None.
+
+    Returns:
+      ``{input name: array}``: floats standard normal, integers uniform, booleans fair coins; an
+      ``attention_mask`` all ones (a row of zeros makes attention's softmax 0/0), ``position_ids`` the positions
+      after the past (``past + 0, 1, ...``).
+
+    Raises:
+      _UsageError: (exit 2) an input whose rank or dtype is not declared, a ``dims`` name the model lacks.
+
+    Example:
+      >>> random_inputs(prepare("model.onnx").inputs, {"sequence_length": 8}, 0, 100)  # doctest: +SKIP
+    """
     rng = np.random.default_rng(seed)
+    sizes = _sizes(infos, dims, folder)
     feeds = {}
     for info in infos:
         if info.has_default:
             continue
         if info.shape is None or info.dtype is None:
             missing = "rank" if info.shape is None else "dtype"
-            raise SystemExit(f"optkit-onnx run: input {info.name!r} declares no {missing}; give its values with "
-                             f"--inputs")
-        shape = tuple(d if isinstance(d, int) else dims.get(str(d), 2) for d in info.shape)
+            raise _UsageError(f"input {info.name!r} declares no {missing}; give its values with --inputs")
+        shape = tuple(_size(d, sizes) for d in info.shape)
         dtype = np.dtype(info.dtype)
-        if dtype.kind == "f":
+        lowered = info.name.lower()
+        if "attention_mask" in lowered and dtype.kind in "iub":
+            value = np.ones(shape, dtype)
+        elif lowered.endswith("position_ids") and dtype.kind in "iu" and shape:
+            value = np.broadcast_to(sizes.get(_PAST, 0) + np.arange(shape[-1]), shape)
+            value = np.ascontiguousarray(value).astype(dtype)
+        elif dtype.kind == "f":
             value = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind == "c":
             value = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
@@ -84,9 +172,37 @@ def random_inputs(infos: Any, dims: dict[str, int], seed: int, int_high: int) ->
         elif dtype.kind == "b":
             value = rng.random(shape) < 0.5
         else:
-            raise SystemExit(f"optkit-onnx run: input {info.name!r} is {dtype}; give its values with --inputs")
+            raise _UsageError(f"input {info.name!r} is {dtype}; give its values with --inputs")
         feeds[info.name] = value
     return feeds
+
+
+def _read_inputs(path: str) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file (``--inputs``), or a usage error naming the file."""
+    if not os.path.isfile(path):
+        raise _UsageError(f"--inputs {path}: no such file")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if not hasattr(data, "files"):
+                raise ValueError("it holds one array, not arrays by name")
+            return {key: data[key] for key in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise _UsageError(f"--inputs {path}: not a .npz file of arrays by input name (numpy.savez): "
+                          f"{reason}") from None
+
+
+def _non_finite(names: list[str], outputs: tuple[Any, ...]) -> int:
+    """Print a line for each floating-point output with NaN or infinite values; how many such outputs."""
+    count = 0
+    for name, value in zip(names, outputs):
+        value = np.asarray(value)
+        if value.dtype.kind in "fc":
+            bad = int(np.size(value) - np.count_nonzero(np.isfinite(value)))
+            if bad:
+                print(f"  output {name}: {bad} of {value.size} values are NaN or infinite")
+                count += 1
+    return count
 
 
 def _timed(fn: Any, repeat: int) -> tuple[Any, float, float]:
@@ -122,6 +238,32 @@ def _compare(names: list[str], got: tuple[Any, ...], want: list[Any], rtol: floa
             print(f"  {name}: {w.dtype}{list(w.shape)} {'equal' if good else 'DIFFERENT  MISMATCH'}")
         ok &= good
     return ok
+
+
+def _ort_outputs(path: str, names: list[str], feeds: dict[str, np.ndarray]) -> tuple[str, list[Any]] | None:
+    """``(ONNX Runtime's version, its outputs)``, or None after one line saying why it gave none."""
+    try:
+        import onnxruntime
+    except ImportError:
+        print("--compare-ort: onnxruntime is not installed (pip install onnxruntime)", file=sys.stderr)
+        return None
+    try:
+        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    except Exception as err:  # noqa: BLE001 - onnxruntime's own exception types (Fail, InvalidGraph...)
+        print(f"--compare-ort: ONNX Runtime {onnxruntime.__version__} cannot load {path}: "
+              f"{_first_line(err)}", file=sys.stderr)
+        return None
+    try:
+        return onnxruntime.__version__, session.run(names, feeds)
+    except Exception as err:  # noqa: BLE001
+        print(f"--compare-ort: ONNX Runtime {onnxruntime.__version__} refused the inputs: {_first_line(err)}",
+              file=sys.stderr)
+        return None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return (text.splitlines()[0] if text else type(err).__name__)[:500]
 
 
 def _gradient_check(path: str, feeds: dict[str, np.ndarray], rtol: float, seed: int) -> bool:
@@ -176,11 +318,15 @@ def _gradient_check(path: str, feeds: dict[str, np.ndarray], rtol: float, seed: 
 
 
 def run(args: argparse.Namespace) -> int:
-    """The ``run`` subcommand; returns the exit status (1 on a mismatch or a load error)."""
+    """The ``run`` subcommand; returns the exit status (:data:`EXIT_CODES`)."""
     import jax
 
-    with jax.enable_x64(True):  # ONNX's own types, as ONNX Runtime runs them
-        return _run(args)
+    try:
+        with jax.enable_x64(True):  # ONNX's own types, as ONNX Runtime runs them
+            return _run(args)
+    except _UsageError as err:
+        print(f"optkit-onnx run: {err}", file=sys.stderr)
+        return 2
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -194,10 +340,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{args.model}: cannot be loaded: {type(err).__name__}: {err}")
         return 1
     if args.inputs:
-        with np.load(args.inputs) as data:
-            feeds = {key: data[key] for key in data.files}
+        feeds = _read_inputs(args.inputs)
     else:
-        feeds = random_inputs(rep.inputs, _dims(args.dim), args.seed, args.int_high)
+        feeds = random_inputs(rep.inputs, _dims(args.dim), args.seed, args.int_high,
+                              os.path.dirname(os.path.abspath(args.model)))
     print(f"{args.model}: loaded in {loaded:.2f} s")
     for name, value in feeds.items():
         print(f"  input {name}: {value.dtype}{list(value.shape)}")
@@ -212,17 +358,15 @@ def _run(args: argparse.Namespace) -> int:
     for name, value in zip(names, outputs):
         value = np.asarray(value)
         print(f"  output {name}: {value.dtype}{list(value.shape)}")
+    non_finite = _non_finite(names, outputs)
     ok = True
     if args.compare_ort:
-        try:
-            import onnxruntime
-        except ImportError:
-            print("--compare-ort: onnxruntime is not installed (pip install onnxruntime)")
-            return 1
-        session = onnxruntime.InferenceSession(args.model, providers=["CPUExecutionProvider"])
-        want = session.run(names, feeds)
-        print("ONNX Runtime " + onnxruntime.__version__ + ":")
-        ok &= _compare(names, outputs, want, args.rtol, args.atol)
+        want = _ort_outputs(args.model, names, feeds)
+        if want is None:
+            return 3
+        print("ONNX Runtime " + want[0] + ":")
+        ok &= _compare(names, outputs, want[1], args.rtol, args.atol)
+        ok &= not non_finite
     if args.grad:
         ok &= _gradient_check(args.model, feeds, args.grad_rtol, args.seed)
     return 0 if ok else 1

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from optkit.onnx._base.limits import Limits
 from optkit.onnx._base.values import TRAINING_DOMAIN, normalize_domain
 from optkit.onnx._load.adapters import ADAPTER_DOMAIN, LoRA, write_adapters
+from optkit.onnx._load.files import ModelSource, model_proto
 from optkit.onnx._load.pipeline import load
 
 __all__ = ["make_training_model", "next_feeds", "select_trainable", "with_initializers"]
@@ -30,7 +31,7 @@ _OPTIMIZERS = {"adam": (("adam_v", "adam_h"), {}), "adagrad": (("adagrad_h",), {
 
 
 def make_training_model(
-    model: onnx.ModelProto,
+    model: ModelSource | Any,
     *,
     loss: str = "softmax_cross_entropy",
     optimizer: str = "adam",
@@ -58,7 +59,7 @@ def make_training_model(
     :func:`with_initializers`.
 
     Args:
-      model: the inference model; not modified.
+      model: the inference model (not modified): a ``ModelProto``, a path, bytes or ``to_jax``'s ``apply_fn``.
       loss: ``"softmax_cross_entropy"``, ``"mean_squared_error"``, ``"l1"`` (mean absolute difference) or
         ``"binary_cross_entropy_with_logits"`` (the mean over elements of the cross-entropy of
         ``sigmoid(output)`` against a ``target`` in [0, 1] of the output's shape), ONNX Runtime's
@@ -111,6 +112,7 @@ def make_training_model(
         raise ValueError(f"loss must be one of {_LOSSES}, got {loss!r}")
     if optimizer not in _OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(_OPTIMIZERS)}, got {optimizer!r}")
+    model = model_proto(model)
     graph = model.graph
     outputs = [o.name for o in graph.output]
     if output is None:
@@ -246,12 +248,14 @@ def _zeros_like(tensor: onnx.TensorProto, name: str) -> onnx.TensorProto:
                                    name)
 
 
-def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any], *, lora: LoRA | None = None,
+def with_initializers(model: ModelSource | Any, values: Mapping[str, Any], *, lora: LoRA | None = None,
                       merge: bool = True) -> onnx.ModelProto:
     """A copy of ``model`` with the initializers named in ``values`` replaced (trained weights saved).
 
     Args:
-      model: an ONNX model; not modified.
+      model: an ONNX model (not modified): a ``ModelProto``, a path (its external data read from its directory),
+        bytes, or ``to_jax``'s ``apply_fn`` (its ``model``: the file it was made from, without LoRA; with
+        ``lora=`` pass the original model or its path).
       values: initializer name -> array of the initializer's shape (its dtype is kept), as
         :func:`to_jax`'s ``params``; or the ``nnx.State`` of an :class:`OnnxModule`'s parameters
         (``nnx.state(module, nnx.Param)``), or the module itself. Adapters of ``to_jax(..., lora=...)``
@@ -287,6 +291,7 @@ def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any], *, lora
       array([1., 2.], dtype=float32)
     """
     lora = lora if lora is not None else getattr(getattr(values, "apply_fn", None), "lora", None)
+    model = model_proto(model)
     values = _by_initializer_name(values)
     adapters = {name: v for name, v in values.items() if name.endswith((".lora_A", ".lora_B"))}
     if adapters:

@@ -169,10 +169,15 @@ TRAINING = {"quickstart.py", "lm_adafactor.py", "lm_scanned.py", "onnx_training.
 
 
 _HELP = """
-import contextlib, io, json, runpy, sys
+import contextlib, io, json, os, runpy, sys
 results = {}
+here = [entry for entry in sys.path if entry in ("", os.getcwd())]
 for path in sys.argv[1:]:
     sys.argv = [path, "--help"]
+    # as `python examples/NAME.py` runs it: its own folder first, the current directory not importable
+    sys.path[:] = [os.path.dirname(os.path.abspath(path))] + [e for e in sys.path if e not in here]
+    for name in [m for m in sys.modules if m == "examples" or m.startswith("examples.")]:
+        del sys.modules[name]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         try:
@@ -187,7 +192,8 @@ print(json.dumps(results))
 
 @pytest.fixture(scope="module")
 def example_helps():
-    """``python examples/<name>.py --help`` of every example, as scripts, in one fresh interpreter."""
+    """``python examples/<name>.py --help`` of every example, as scripts (the repository root not on the path), in
+    one fresh interpreter."""
     paths = [os.path.join("examples", example) for example in EXAMPLES]
     result = subprocess.run([sys.executable, "-c", _HELP, *paths], cwd=ROOT, env=_env(), capture_output=True,
                             text=True, timeout=300)

@@ -59,7 +59,7 @@ def test_onnx_finetune_jax_is_data_parallel_over_4_devices(tmp_path):
     env["XLA_FLAGS"] = " ".join([*(f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f),
                                  "--xla_force_host_platform_device_count=4"])
     env["JAX_PLATFORMS"] = "cpu"
-    result = subprocess.run([sys.executable, "-m", "examples.onnx_finetune_jax", "--steps", "30", "--out",
+    result = subprocess.run([sys.executable, os.path.join("examples", "onnx_finetune_jax.py"), "--steps", "30", "--out",
                              str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "4 device(s)" in result.stdout, result.stdout

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import onnx
 
-__all__ = ["subgraphs", "nodes_of", "read_inside"]
+__all__ = ["subgraphs", "nodes_of", "read_inside", "too_deep"]
 
 
 def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
@@ -45,3 +45,18 @@ def read_inside(node: onnx.NodeProto) -> list[str]:
             names += [i for i in inner.input if i]
             graphs += subgraphs(inner)
     return names
+
+
+def too_deep(graph: onnx.GraphProto, limit: int) -> tuple[onnx.NodeProto, int] | None:
+    """The first node whose sub-graphs (If, Loop and Scan bodies) nest more than ``limit`` deep below ``graph``,
+    with its index in its graph; None if none does. Iterative, and it stops at the first: a ModelProto built in
+    memory can nest thousands deep (protobuf refuses to serialize such a message, and onnx.checker serializes)."""
+    stack = [(graph, 0)]
+    while stack:
+        g, depth = stack.pop()
+        for index, node in enumerate(g.node):
+            inner = subgraphs(node)
+            if inner and depth + 1 > limit:
+                return node, index
+            stack.extend((sub, depth + 1) for sub in inner)
+    return None

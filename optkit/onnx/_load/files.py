@@ -15,12 +15,12 @@ from typing import IO, Any
 import google.protobuf.message
 import onnx
 
-from optkit.onnx._base.limits import Limits
-from optkit.onnx._base.values import DTYPES, storage_bits
-from optkit.onnx._base.walk import read_inside, subgraphs
+from optkit.onnx._base.limits import MAX_SUBGRAPH_DEPTH, Limits
+from optkit.onnx._base.values import DTYPES, node_name, storage_bits
+from optkit.onnx._base.walk import read_inside, subgraphs, too_deep
 from optkit.onnx._load.tensors import check_tensors, declared_bytes, load_external_data, tensors_of
 
-__all__ = ["ModelSource", "load_model", "read_model", "check_model", "tensors_of"]
+__all__ = ["ModelSource", "load_model", "model_proto", "read_model", "check_model", "tensors_of"]
 
 _log = logging.getLogger("optkit.onnx")
 # Digests of the ModelProtos load_model checked and returned (bounded, no reference kept): given back to
@@ -94,6 +94,25 @@ def load_model(model: ModelSource, *, base_dir: str | os.PathLike[str] | None = 
     return proto
 
 
+def model_proto(model: Any, argument: str = "model") -> onnx.ModelProto:
+    """The ``ModelProto`` of what a user passed as a model: a ``ModelProto`` (itself, not modified), a runner
+    that holds one (``to_jax``'s ``apply_fn``, ``prepare``'s ``BackendRep``: its ``model``), or what
+    :func:`load_model` reads (a path, bytes, a binary file; checked, external data from the file's directory).
+
+    Raises:
+      TypeError: naming ``argument``, for anything else; and :func:`load_model`'s errors.
+    """
+    if isinstance(model, onnx.ModelProto):
+        return model
+    held = getattr(model, "model", None)
+    if isinstance(held, onnx.ModelProto):
+        return held
+    if isinstance(model, (str, os.PathLike, bytes, bytearray, memoryview)) or hasattr(model, "read"):
+        return load_model(model)
+    raise TypeError(f"{argument} must be an onnx.ModelProto, a path, bytes, a binary file object or to_jax's "
+                    f"apply_fn, got {type(model).__name__}")
+
+
 def _digest(proto: onnx.ModelProto) -> bytes | None:
     """A digest of the serialized model (None above protobuf's 2 GiB)."""
     if sum(declared_bytes(t) for _, t, _ in tensors_of(proto)) >= 2**31:  # (ByteSize itself refuses such a model)
@@ -152,6 +171,12 @@ def read_model(model: ModelSource, base_dir: str | os.PathLike[str] | None,
         directory = os.fspath(base_dir)
         if not os.path.isdir(directory):
             raise ValueError(f"base_dir {directory!r} is not a directory")
+    deep = too_deep(proto.graph, MAX_SUBGRAPH_DEPTH)
+    if deep is not None:
+        node, index = deep
+        raise ValueError(f"{origin}: node {node_name(node.name, node.op_type, index)!r} ({node.op_type}): sub-graphs "
+                         f"nest more than {MAX_SUBGRAPH_DEPTH} deep (If, Loop and Scan bodies inside one another), "
+                         f"more than optkit.onnx runs")
     check_tensors(proto, limits.max_tensor_bytes)
     return _sorted(proto, origin), origin, directory
 

@@ -149,11 +149,31 @@ class Feeds:
             if declared.kind in "iu" and (dtype.kind in "iu" or python):
                 value = self._integer(name, value, declared, wanted, python)
             elif python:
-                value = value.astype(wanted)
-            elif dtype != declared:  # (a DOUBLE input fed float64 with 64-bit mode off runs as float32, as in JAX)
+                value = self._narrowed(name, value, declared, wanted, python) if dtype.kind == "f" else \
+                    value.astype(wanted)
+            elif dtype != declared:
                 raise TypeError(f"graph input {name!r} is declared {declared}{_mode_note(declared, wanted)}, fed "
                                 f"{dtype}; ONNX does not convert types implicitly: cast the value first")
+            elif dtype.kind in "fc":  # a DOUBLE input fed float64 with 64-bit mode off runs as float32, as in JAX
+                value = self._narrowed(name, value, declared, wanted, python)
         return self._shaped(name, value, shaped)
+
+    @staticmethod
+    def _narrowed(name: str, value: Any, declared: np.dtype, wanted: np.dtype, python: bool) -> Any:
+        """A float ``value`` as the narrower ``wanted`` (float64 as float32 with JAX's 64-bit mode off); a concrete
+        value with a finite element beyond ``wanted``'s range is refused (it would become infinite), as an integer
+        that does not fit is."""
+        if isinstance(value, jax.core.Tracer) or not np.size(value):
+            return value.astype(wanted)
+        concrete = np.asarray(value)
+        magnitude = np.abs(concrete[np.isfinite(concrete)])
+        high = float(np.finfo(wanted).max)
+        if magnitude.size and float(magnitude.max()) > high:
+            what = "the Python value" if python else "the value"
+            raise ValueError(f"graph input {name!r} is declared {declared}{_mode_note(declared, wanted)}, whose "
+                             f"largest finite magnitude is {high:.6g}; {what} {float(magnitude.max()):.6g} does not "
+                             f"fit (turn on JAX's 64-bit mode, jax.enable_x64, to run it as {declared})")
+        return concrete.astype(wanted)
 
     def _shaped(self, name: str, value: Any, shaped: bool) -> Any:
         info = self.by_name[name]

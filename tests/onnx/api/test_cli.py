@@ -139,8 +139,113 @@ def test_run_takes_inputs_from_npz_and_symbolic_sizes(tmp_path, capsys):
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "input ids: int64[3, 2]" in text and "output y: float32[3, 2, 4]" in text, text
-    with pytest.raises(SystemExit, match="--dim takes NAME=SIZE"):
-        main(["run", str(path), "--dim", "batch"])
+    assert main(["run", str(path), "--dim", "batch"]) == 2
+    assert "--dim takes NAME=SIZE" in capsys.readouterr().err
+
+
+def _console(*args):
+    """``optkit-onnx ARGS`` as a user types it (the console script pip installs)."""
+    import shutil
+
+    script = shutil.which("optkit-onnx") or pytest.skip("the optkit-onnx console script is not on PATH")
+    return subprocess.run([script, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def _one_line(result, code):
+    """The command exited ``code`` with one line on standard error and no traceback."""
+    assert result.returncode == code, (result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.stderr + result.stdout, result.stderr
+    return lines[0]
+
+
+def test_run_names_a_bad_inputs_file_and_exits_2(tmp_path):
+    """A missing --inputs file and one that is not an .npz of arrays (a pickle, a lone .npy): one line naming
+    the file, exit 2; no traceback."""
+    import pickle
+
+    path = MODELS / "torch_dynamo_mlp.onnx"
+    missing = tmp_path / "missing.npz"
+    assert str(missing) in _one_line(_console("run", path, "--inputs", missing), 2)
+    pickled = tmp_path / "inputs.pkl"
+    pickled.write_bytes(pickle.dumps({"x": [1, 2]}))
+    line = _one_line(_console("run", path, "--inputs", pickled), 2)
+    assert str(pickled) in line and "not a .npz file" in line
+    lone = tmp_path / "lone.npy"
+    np.save(lone, np.zeros(3, np.float32))
+    assert "not a .npz file" in _one_line(_console("run", path, "--inputs", lone), 2)
+
+
+def test_run_says_when_onnx_runtime_refuses_the_model_and_exits_3(tmp_path):
+    """A training graph with a Gradient node, which ONNX Runtime's CPU build cannot load (docs "Training ONNX
+    models"): optkit runs it, and --compare-ort says in one line that there is nothing to compare with."""
+    pytest.importorskip("onnxruntime")
+    nodes = [helper.make_node("Mul", ["x", "x"], ["y"]),
+             helper.make_node("Gradient", ["x"], ["dx"], xs=["x"], y="y", domain="ai.onnx.preview.training")]
+    info = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2])  # noqa: E731
+    model = helper.make_model(helper.make_graph(nodes, "g", [info("x")], [info("y"), info("dx")]),
+                              opset_imports=[helper.make_opsetid("", 17),
+                                             helper.make_opsetid("ai.onnx.preview.training", 1)])
+    path = tmp_path / "gradient.onnx"
+    onnx.save(model, str(path))
+    result = _console("run", path, "--compare-ort", "--repeat", "1")
+    line = _one_line(result, 3)
+    assert line.startswith("--compare-ort: ONNX Runtime") and "cannot load" in line
+    assert "output dx: float32[2]" in result.stdout
+
+
+def test_run_refuses_a_dim_the_model_does_not_declare(capsys):
+    path = MODELS / "torch_dynamo_bert.onnx"
+    assert main(["run", str(path), "--dim", "no_such_dim=4", "--repeat", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--dim no_such_dim: the model declares no dimension 'no_such_dim'" in err
+
+
+def test_random_inputs_fit_a_language_models_usual_inputs():
+    """GenAI's builder: the KV cache's head size from genai_config.json, the total length the past plus the new
+    tokens, a mask of ones; Optimum: a declared ``past_sequence_length + sequence_length``, position ids after
+    the past."""
+    from optkit.onnx._cli_run import random_inputs
+
+    folder = MODELS / "genai" / "llama_int4"
+    rep_inputs = optkit_inputs(folder / "model.onnx")
+    feeds = random_inputs(rep_inputs, {"sequence_length": 3}, 0, 5, str(folder))
+    assert feeds["past_key_values.0.key"].shape == (2, 1, 2, 16)
+    assert feeds["attention_mask"].shape == (2, 5) and (feeds["attention_mask"] == 1).all()
+    feeds = random_inputs(optkit_inputs(MODELS / "optimum" / "gpt2.onnx"), {"past_sequence_length": 4}, 0, 5)
+    assert feeds["attention_mask"].shape == (2, 6) and (feeds["attention_mask"] == 1).all()
+    np.testing.assert_array_equal(feeds["position_ids"], [[4, 5], [4, 5]])
+
+
+def optkit_inputs(path):
+    import optkit.onnx
+
+    return optkit.onnx.prepare(str(path)).inputs
+
+
+@pytest.mark.parametrize("path", [MODELS / "genai" / "llama_int4" / "model.onnx",
+                                  MODELS / "genai" / "phi3_fp32" / "model.onnx",
+                                  MODELS / "optimum" / "gpt2.onnx", MODELS / "optimum" / "t5_decoder_merged.onnx"],
+                         ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_run_compares_language_model_files_on_random_inputs(path, capsys):
+    """The GenAI builder's and Optimum's files with past key/values: random inputs that the model's shapes and
+    input names make valid, ONNX Runtime's outputs matched, no NaN (a row of zeros in a mask would give one)."""
+    pytest.importorskip("onnxruntime")
+    assert main(["run", str(path), "--compare-ort", "--repeat", "1"]) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
+    assert "MISMATCH" not in out and "NaN or infinite" not in out
+
+
+def test_run_flags_a_non_finite_output_and_fails_under_compare_ort(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    nodes = [helper.make_node("Log", ["x"], ["y"])]
+    info = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [4])  # noqa: E731
+    model = helper.make_model(helper.make_graph(nodes, "g", [info("x")], [info("y")]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(tmp_path / "log.onnx"))
+    assert main(["run", str(tmp_path / "log.onnx"), "--compare-ort", "--repeat", "1"]) == 1
+    negative = int((np.random.default_rng(0).standard_normal(4) < 0).sum())  # (the command's inputs, seed 0)
+    assert negative and f"output y: {negative} of 4 values are NaN or infinite" in capsys.readouterr().out
 
 
 def test_run_exits_1_on_a_wrong_gradient_and_on_outputs_that_differ(tmp_path, capsys):

@@ -12,6 +12,7 @@ steps of the plain path; the trained values go back to ONNX through ``with_initi
 from __future__ import annotations
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -120,6 +121,21 @@ def test_the_trained_model_goes_back_to_onnx_with_the_same_outputs():
     np.testing.assert_array_equal(numpy_helper.to_array(model.graph.initializer[0]),
                                   numpy_helper.to_array(onnx.load(str(MODELS / "torch_torchscript_mlp.onnx"))
                                                         .graph.initializer[0]))  # the model was not changed
+
+
+def test_with_initializers_takes_a_path_and_to_jaxs_apply_fn_wherever_it_takes_a_model(tmp_path):
+    """``to_jax(path)`` is the documented pattern: ``with_initializers`` and ``make_training_model`` take the same
+    path, and ``apply_fn`` itself (its model), giving what they give for the ModelProto."""
+    path = str(MODELS / "torch_torchscript_mlp.onnx")
+    apply_fn, params = optkit.onnx.to_jax(path)
+    params = {k: v * 1.5 for k, v in params.items()}
+    want = optkit.onnx.with_initializers(onnx.load(path), params)
+    for given in (path, pathlib.Path(path), apply_fn):
+        assert optkit.onnx.with_initializers(given, params).SerializeToString() == want.SerializeToString()
+    assert optkit.onnx.make_training_model(path).SerializeToString() == optkit.onnx.make_training_model(
+        onnx.load(path)).SerializeToString()
+    with pytest.raises(TypeError, match="model must be an onnx.ModelProto, a path"):
+        optkit.onnx.with_initializers(3, params)
 
 
 # Every optimizer optkit exports, as a user would construct it for a small fine-tuning run.

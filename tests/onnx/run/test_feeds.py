@@ -193,6 +193,30 @@ def test_a_double_model_warns_once_with_x64_off_and_computes_in_float64_with_it_
     assert got.dtype == np.float64 and got[0] - 1.0 == pytest.approx(1e-9, rel=1e-6)
 
 
+def test_a_double_beyond_float32_is_refused_with_x64_off_never_a_silent_infinity():
+    """ONNX's pytorch-operator case ``test_operator_add_broadcast`` fed values beyond float32's range became inf with
+    64-bit mode off; the narrowing is range-checked as an integer's is, in both runners, and runs exactly with it
+    on. NaN and infinities fed stay as they are."""
+    info = lambda n: helper.make_tensor_value_info(n, TensorProto.DOUBLE, [3])  # noqa: E731
+    model = helper.make_model(helper.make_graph([helper.make_node("Add", ["a", "b"], ["c"])], "g",
+                                                [info("a"), info("b")], [info("c")]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    rep = optkit.onnx.prepare(model)
+    apply_fn, params = optkit.onnx.to_jax(model)
+    big, ok = np.array([1.0, 3e38 * 10, -2.0]), np.array([1.0, np.inf, np.nan])
+    with jax.enable_x64(False), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (the DOUBLE model's warning)
+        for run in (lambda a, b: rep.run([a, b]).c, lambda a, b: apply_fn(params, a, b)):
+            with pytest.raises(ValueError, match=r"graph input 'a' is declared float64 \(run as float32: JAX's "
+                                                 r"64-bit mode is off\), whose largest finite magnitude is "
+                                                 r"3.40282e\+38; the value 3e\+39 does not fit"):
+                run(big, ok)
+            got = np.asarray(run(ok, ok))
+            assert got.dtype == np.float32 and got[0] == 2.0 and np.isinf(got[1]) and np.isnan(got[2])
+    with jax.enable_x64(True):
+        np.testing.assert_array_equal(rep.run([big, big]).c, big + big)
+
+
 def test_no_runner_switches_64_bit_mode_inside_a_call(monkeypatch):
     """The graph is traced in the caller's 64-bit setting by both runners, eager and under jax.jit."""
     seen = []

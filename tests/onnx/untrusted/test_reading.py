@@ -360,6 +360,23 @@ def _nested_ifs(depth):
     return header.SerializeToString() + field(7, graph)
 
 
+def _nested_ifs_proto(depth):
+    """The same nesting as a ``ModelProto`` built in memory (each then-branch filled in place, no copy): a
+    message protobuf will not serialize, which onnx.checker would try to."""
+    model = helper.make_model(helper.make_graph([], "g", [_float("x", [1]), _info("c", TensorProto.BOOL, [])],
+                                                [_float("o", [1])]), opset_imports=[helper.make_opsetid("", 17)])
+    leaf = helper.make_graph([helper.make_node("Identity", ["x"], ["o"])], "leaf", [], [_float("o", [1])])
+    graph = model.graph
+    for d in range(depth):
+        node = graph.node.add(op_type="If", input=["c"], output=["o"], name=f"If#{d}")
+        node.attribute.add(name="else_branch", type=onnx.AttributeProto.GRAPH).g.CopyFrom(leaf)
+        graph = node.attribute.add(name="then_branch", type=onnx.AttributeProto.GRAPH).g
+        graph.name = f"b{d}"
+        graph.output.add().CopyFrom(_float("o", [1]))
+    graph.node.add().CopyFrom(helper.make_node("Identity", ["x"], ["o"]))
+    return model
+
+
 def _varint(n):
     out = bytearray()
     while True:
@@ -371,18 +388,24 @@ def _varint(n):
 
 def test_deeply_nested_ifs_end_in_a_documented_error_quickly_and_in_bounded_memory():
     """Sub-graphs nested 9 to 30 deep: the nesting bound, naming the outer If; 2000 deep (a hostile file):
-    protobuf's own depth bound refuses the bytes. Seconds and under 1 GiB in a child process."""
+    protobuf's own depth bound refuses the bytes; 2000 deep as a ModelProto built in memory (which protobuf
+    cannot serialize): the nesting bound, before anything serializes it. Seconds and under 1 GiB in a child
+    process."""
     out = run_in_child("""
         import time
-        from tests.onnx.untrusted.test_reading import _nested_ifs
+        from tests.onnx.untrusted.test_reading import _nested_ifs, _nested_ifs_proto
         import optkit.onnx
-        for depth, message in ((9, "sub-graphs nest more than 8 deep"), (30, "sub-graphs nest more than 8 deep"),
-                               (2000, "malformed ONNX model bytes")):
+        for depth, make, message in ((9, _nested_ifs, "sub-graphs nest more than 8 deep"),
+                                     (30, _nested_ifs, "sub-graphs nest more than 8 deep"),
+                                     (2000, _nested_ifs, "malformed ONNX model bytes"),
+                                     (2000, _nested_ifs_proto, "sub-graphs nest more than 8 deep")):
+            model = make(depth)
             start = time.perf_counter()
             try:
-                optkit.onnx.prepare(_nested_ifs(depth))
+                optkit.onnx.prepare(model)
             except ValueError as err:
-                assert message in str(err) and (depth == 2000 or "node 'If#0'" in str(err)), err
+                named = "node 'If#0'" in str(err) if make is _nested_ifs else "node 'If#8'" in str(err)
+                assert message in str(err) and (depth == 2000 and make is _nested_ifs or named), err
             else:
                 raise AssertionError("no error")
             print(depth, round(time.perf_counter() - start, 2))
