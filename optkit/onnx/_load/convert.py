@@ -253,7 +253,12 @@ def _node_function(fn, ctx: NodeContext, spec: OpSpec, schema: Any, count: int, 
                     f"Constant node's output, a Shape output, or a tensor computed from those alone), but it is "
                     f"computed at run time from a traced value; {RUNS_IN_SEGMENTS}"))
             given[i] = value
-        out = fn(*given, captured=dict(zip(extra, values[count:]))) if extra else fn(*given)
+        try:
+            out = fn(*given, captured=dict(zip(extra, values[count:]))) if extra else fn(*given)
+        except _NAMED_HERE as err:  # JAX's or NumPy's own error while the node runs: said with the node named
+            if type(err) not in _NAMED_HERE or str(err).startswith(ctx.where):
+                raise
+            raise type(err)(ctx.message(str(err))) from err
         if isinstance(out, tuple) and (len(out) > wanted or len(out) == wanted == 1):  # (a Split into one part)
             out = out[0] if wanted == 1 else out[:wanted]
         return out
@@ -281,6 +286,12 @@ def _node_function(fn, ctx: NodeContext, spec: OpSpec, schema: Any, count: int, 
 
     node_function.__name__ = ctx.op_type
     return node_function
+
+
+# The plain error types a node's computation raises from inside JAX or NumPy (shapes that do not fit, a dtype
+# promotion refused, a value that overflows a conversion): re-raised with the node named. Their subclasses
+# (optkit's own errors, which name the node already, JAX's tracer errors) pass as they are.
+_NAMED_HERE = (TypeError, ValueError, OverflowError, IndexError, ZeroDivisionError, jax.dtypes.TypePromotionError)
 
 
 def _folded(value: Any) -> Any:

@@ -37,6 +37,9 @@ def _matmul(ctx):
 def _gemm(ctx):
     alpha = ctx.attrs.get("alpha", 1.0)
     beta = ctx.attrs.get("beta", 1.0)
+    for name in ("transA", "transB"):
+        if ctx.attrs.get(name, 0) not in (0, 1):
+            raise ctx.error(f"attribute {name!r} must be 0 or 1, got {ctx.attrs[name]}")
     trans_a = bool(ctx.attrs.get("transA", 0))
     trans_b = bool(ctx.attrs.get("transB", 0))
 

@@ -155,8 +155,8 @@ def _plan(ctx, shape, axes, scales, sizes, roi, policy):
                 full_scales[a], out[a] = scale, int(scale * shape[a] + 0.5)
     elif scales is not None and np.size(scales):
         scales = [float(s) for s in np.reshape(scales, -1)]
-        if len(scales) != len(axes) or min(scales) <= 0:
-            raise ctx.error(f"scales {scales} must give one positive scale per resized axis ({len(axes)})")
+        if len(scales) != len(axes) or not all(0 < s < float("inf") for s in scales):
+            raise ctx.error(f"scales {scales} must give one positive finite scale per resized axis ({len(axes)})")
         for a, s in zip(axes, scales):
             full_scales[a], out[a] = s, int(s * shape[a])
     else:

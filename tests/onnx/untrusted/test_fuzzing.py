@@ -245,3 +245,37 @@ def test_versions_from_the_future():
                   opsets=(("", 17),), ir_version=10**6)
     with pytest.raises(ValueError, match="ir_version 1000000 is higher than the checker's"):
         optkit.onnx.prepare(relu)
+
+
+def _one_node(node, x_shape, init=None):
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [f"d{i}" for i in range(len(x_shape))])
+    inits = [] if init is None else [numpy_helper.from_array(init[1], init[0])]
+    return onnx_model([node], [_info("x", np.float32, x_shape)], [out], inits), np.ones(x_shape, np.float32)
+
+
+# Mutants of real files that ONNX's checker accepts and that ended in JAX's own errors, naming no node.
+NAMED = [
+    ("Gemm with transA=2**62", lambda: _one_node(helper.make_node("Gemm", ["x", "W"], ["y"], transA=2**62,
+                                                                  name="gemm0"), [2, 3], ("W", np.ones((3, 4),
+                                                                                                  np.float32))),
+     ValueError, "node 'gemm0'.*'transA' must be 0 or 1"),
+    ("Resize scales of inf", lambda: _one_node(helper.make_node("Resize", ["x", "", "s"], ["y"], name="resize0"),
+                                               [1, 1, 2, 2], ("s", np.array([1, 1, np.inf, np.nan], np.float32))),
+     ValueError, "node 'resize0'.*positive finite scale"),
+    ("an initializer's dims [3, 4] -> [3, 4, 1]", lambda: _one_node(
+        helper.make_node("MatMul", ["x", "W"], ["y"], name="mm0"), [2, 3], ("W", np.ones((3, 4, 1), np.float32))),
+     TypeError, "node 'mm0'.*dot_general"),
+    ("MatMul retyped Xor on floats", lambda: _one_node(
+        helper.make_node("Xor", ["x", "W"], ["y"], name="xor0"), [2, 3], ("W", np.ones((3, 4), np.float32))),
+     TypeError, "node 'xor0'"),
+]
+
+
+@pytest.mark.parametrize("make, kind, message", [case[1:] for case in NAMED], ids=[case[0] for case in NAMED])
+def test_a_mutant_that_fails_inside_jax_names_its_node(make, kind, message):
+    """A node whose computation fails inside JAX or NumPy (shapes that do not fit, a refused dtype, a value that
+    overflows a conversion) is re-raised with the node named; the attributes ONNX defines a range for are
+    checked by the operator's builder."""
+    model, x = make()
+    with pytest.raises(kind, match=message):
+        optkit.onnx.prepare(model).run([x])
