@@ -11,7 +11,10 @@ checked against finite differences.
   ``--repeat`` calls), through :func:`optkit.onnx.prepare` (one compiled program).
 - ``--compare-ort``: ONNX Runtime's CPU provider on the same inputs; a floating-point output differing by
   more than float32 rounding through a network (``|got - want| <= rtol |want| + atol max|want|`` with the
-  defaults of ``--rtol 1e-4 --atol 1e-5``) or an integer or boolean output that differs at all exits 1.
+  defaults of ``--rtol 1e-4 --atol 1e-5``, each at least 4 units of a float16 or bfloat16 output's precision)
+  in more than ``--outliers`` of its elements (default 1e-4: a pasted mask's pixel that a box coordinate's
+  float32 rounding moves across its edge; every element beyond is counted in the report), or an integer or
+  boolean output that differs at all, exits 1.
 - ``--grad``: ``jax.grad`` of ``loss = sum_k sum(output_k * C_k)`` (random ``C_k``, every floating-point
   output) with respect to the initializers :func:`optkit.onnx.to_jax` trains by default, against central
   differences of the loss along the gradient's direction and along a random unit direction; for each, the
@@ -69,6 +72,9 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance of --compare-ort")
     parser.add_argument("--atol", type=float, default=1e-5,
                         help="absolute tolerance of --compare-ort, times the output's largest magnitude")
+    parser.add_argument("--outliers", type=float, default=1e-4,
+                        help="fraction of a float output's elements that may differ beyond the tolerance (default "
+                             "1e-4: a pixel that a box coordinate's rounding moves across an edge)")
     parser.add_argument("--grad", action="store_true", help="check jax.grad against finite differences")
     parser.add_argument("--grad-rtol", type=float, default=1e-2, help="relative tolerance of --grad")
 
@@ -98,7 +104,9 @@ def _symbols(infos: Any) -> set[str]:
 
 def _sizes(infos: Any, given: dict[str, int], folder: str | None) -> dict[str, int]:
     """Each symbolic dimension's size: ``given`` (``--dim``), else the KV cache's head size from GenAI's
-    ``genai_config.json`` in ``folder`` (``kv_cache_dim``), else 2; a total length is the past plus the new."""
+    ``genai_config.json`` in ``folder`` (``kv_cache_dim``) and a batch of 1 for GenAI's files (ONNX Runtime's
+    GroupQueryAttention takes a past and several new tokens for one sequence only), else 2; a total length is the
+    past plus the new."""
     declared = _symbols(infos)
     unknown = sorted(set(given) - declared)
     if unknown:
@@ -111,6 +119,10 @@ def _sizes(infos: Any, given: dict[str, int], folder: str | None) -> dict[str, i
             decoder = json.load(f).get("model", {}).get("decoder", {})
         if isinstance(decoder.get("head_size"), int):
             sizes["kv_cache_dim"] = decoder["head_size"]
+    if _TOTAL in declared and "batch_size" in declared:
+        # GenAI's files run GroupQueryAttention, which ONNX Runtime runs with a past and several new tokens
+        # only for one sequence at a time
+        sizes["batch_size"] = 1
     sizes.update(given)
     if _TOTAL in declared and _TOTAL not in given:
         sizes[_TOTAL] = sizes.get(_PAST, 0) + sizes.get(_NEW, 0) if _PAST in declared and _NEW in declared else 2
@@ -182,9 +194,10 @@ def _read_inputs(path: str) -> dict[str, np.ndarray]:
     if not os.path.isfile(path):
         raise _UsageError(f"--inputs {path}: no such file")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            if not hasattr(data, "files"):
-                raise ValueError("it holds one array, not arrays by name")
+        data = np.load(path, allow_pickle=False)
+        if not hasattr(data, "files"):
+            raise ValueError("it holds one array (a .npy), not arrays by input name")
+        with data:
             return {key: data[key] for key in data.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
@@ -217,7 +230,10 @@ def _timed(fn: Any, repeat: int) -> tuple[Any, float, float]:
     return out, first, statistics.median(times) if times else float("nan")
 
 
-def _compare(names: list[str], got: tuple[Any, ...], want: list[Any], rtol: float, atol: float) -> bool:
+def _compare(names: list[str], got: tuple[Any, ...], want: list[Any], rtol: float, atol: float,
+             outliers: float = 0.0) -> bool:
+    """Each output against ONNX Runtime's: a float output within ``rtol |want| + atol max|want|`` (both at least 4
+    units of a 16-bit output's precision) but for at most ``outliers`` of its elements, an integer one equal."""
     ok = True
     for name, g, w in zip(names, got, want):
         g, w = np.asarray(g), np.asarray(w)
@@ -228,11 +244,14 @@ def _compare(names: list[str], got: tuple[Any, ...], want: list[Any], rtol: floa
         if w.dtype.kind in "fc":
             scale = float(np.max(np.abs(w))) if w.size else 0.0
             diff = np.abs(g.astype(np.complex128 if w.dtype.kind == "c" else np.float64) - w)
-            bound = rtol * np.abs(w) + atol * scale
-            good = bool(np.all((diff <= bound) | (np.isnan(g) & np.isnan(w))))
+            unit = 4 * float(np.finfo(w.dtype).eps) if w.dtype.kind == "f" and w.dtype.itemsize < 4 else 0.0
+            bound = max(rtol, unit) * np.abs(w) + max(atol, unit) * scale
+            beyond = int(np.count_nonzero(~((diff <= bound) | (np.isnan(g) & np.isnan(w)))))
+            good = beyond <= outliers * w.size
             largest = float(np.nanmax(diff)) if diff.size else 0.0
+            note = f"; {beyond} of {w.size} elements beyond the tolerance" if beyond else ""
             print(f"  {name}: {w.dtype}{list(w.shape)} largest difference {largest:.3g} (largest |value| "
-                  f"{scale:.3g}){'' if good else '  MISMATCH'}")
+                  f"{scale:.3g}){note}{'' if good else '  MISMATCH'}")
         else:
             good = bool(np.array_equal(g, w))
             print(f"  {name}: {w.dtype}{list(w.shape)} {'equal' if good else 'DIFFERENT  MISMATCH'}")
@@ -365,7 +384,7 @@ def _run(args: argparse.Namespace) -> int:
         if want is None:
             return 3
         print("ONNX Runtime " + want[0] + ":")
-        ok &= _compare(names, outputs, want[1], args.rtol, args.atol)
+        ok &= _compare(names, outputs, want[1], args.rtol, args.atol, args.outliers)
         ok &= not non_finite
     if args.grad:
         ok &= _gradient_check(args.model, feeds, args.grad_rtol, args.seed)

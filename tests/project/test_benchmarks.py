@@ -82,5 +82,32 @@ def test_the_suite_time_plugin_counts_each_tests_compiles(tmp_path):
         suite_time.report(suite_time.read(tmp_path / "nothing"))
 
 
+def test_the_quick_tier_keeps_each_functions_cheapest_case_then_the_cheapest_within_the_budget(tmp_path):
+    """benchmarks.suite_time.quick_tier on hand-made records: every function keeps its cheapest case when it is
+    under the cap; a module whose functions are all over it keeps its cheapest test; the rest are kept cheapest
+    first while the budget allows; the ids left out are what conftest.py marks slow."""
+    from benchmarks import suite_time
+
+    def record(test, wall):
+        return {"test": test, "wall": wall}
+
+    records = [record("a.py::f[0]", 1.0), record("a.py::f[1]", 0.5), record("a.py::f[2]", 3.0),
+               record("a.py::g", 0.2), record("b.py::h[x]", 9.0), record("b.py::h[y]", 8.0),
+               record("c.py::k[0]", 0.1), record("c.py::k[1]", 0.1)]
+    left_out = suite_time.quick_tier(records, budget=9.5, cap=2.0)
+    # kept: f[1] 0.5, g 0.2, k[0] 0.1 (cheapest of each under the cap), h[y] 8.0 (b.py's only representative),
+    # then cheapest first within 9.5: k[1] 0.1 (8.9), f[0] 1.0 would make 9.9: left out
+    assert left_out == ["a.py::f[0]", "a.py::f[2]", "b.py::h[x]"]
+    with pytest.raises(ValueError, match="no records"):
+        suite_time.quick_tier([], 10, 1)
+    folder = tmp_path / "records"
+    folder.mkdir()
+    (folder / "1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    out = tmp_path / "slow_cases.txt"
+    suite_time.main([str(folder), "--quick-tier", "9.5", "--cap", "2", "--write", str(out)])
+    lines = [line for line in out.read_text(encoding="utf-8").splitlines() if not line.startswith("#")]
+    assert lines == left_out
+
+
 # Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').
 pytestmark = pytest.mark.slow

@@ -210,8 +210,8 @@ def test_random_inputs_fit_a_language_models_usual_inputs():
     folder = MODELS / "genai" / "llama_int4"
     rep_inputs = optkit_inputs(folder / "model.onnx")
     feeds = random_inputs(rep_inputs, {"sequence_length": 3}, 0, 5, str(folder))
-    assert feeds["past_key_values.0.key"].shape == (2, 1, 2, 16)
-    assert feeds["attention_mask"].shape == (2, 5) and (feeds["attention_mask"] == 1).all()
+    assert feeds["past_key_values.0.key"].shape == (1, 1, 2, 16)
+    assert feeds["attention_mask"].shape == (1, 5) and (feeds["attention_mask"] == 1).all()
     feeds = random_inputs(optkit_inputs(MODELS / "optimum" / "gpt2.onnx"), {"past_sequence_length": 4}, 0, 5)
     assert feeds["attention_mask"].shape == (2, 6) and (feeds["attention_mask"] == 1).all()
     np.testing.assert_array_equal(feeds["position_ids"], [[4, 5], [4, 5]])
@@ -285,3 +285,11 @@ def test_run_exits_1_on_a_wrong_gradient_and_on_outputs_that_differ(tmp_path, ca
     assert not _compare(["y"], (want * (1 + 1e-3),), [want], 1e-4, 1e-5)
     assert not _compare(["k"], (np.array([1, 2]),), [np.array([1, 3])], 1e-4, 1e-5)
     assert capsys.readouterr().out.count("MISMATCH") == 2
+    many = np.ones(20000, np.float32)
+    edge = many.copy()
+    edge[7] = 0.0  # one pixel across an edge
+    assert not _compare(["m"], (edge,), [many], 1e-4, 1e-5)
+    assert _compare(["m"], (edge,), [many], 1e-4, 1e-5, outliers=1e-4)
+    assert "1 of 20000 elements beyond the tolerance" in capsys.readouterr().out
+    half = np.array([4.0, 5.5], np.float16)  # one float16 step at 5.5 is 0.0039: within 4 units of float16
+    assert _compare(["h"], (half + np.array([0, 0.0039], np.float16),), [half], 1e-4, 1e-5)
