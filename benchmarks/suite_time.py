@@ -5,7 +5,8 @@ Record (the README's test command, with the plugin loaded in every xdist worker)
     python -m pytest -n 2 tests -p benchmarks.suite_time
     python -m benchmarks.suite_time            # the tables, from benchmarks/out/suite_time/
 
-The quick tier (``-m "not slow"``) is chosen from such records (:func:`quick_tier`)::
+The quick tier (``-m "not slow"``) is chosen from such records (:func:`quick_tier`), of a run with the list of
+cases it leaves out emptied first (``printf '' > tests/slow_cases.txt``, ``rm -rf benchmarks/out/suite_time``)::
 
     python -m pytest -n 2 -m "not slow" tests -p benchmarks.suite_time
     python -m benchmarks.suite_time --quick-tier 360 --write tests/slow_cases.txt
