@@ -304,11 +304,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
 
     @property
     def order(self) -> tuple[Node, ...]:
-        """Every node in dependency order (ties in the order the nodes were added).
-
-        Raises:
-          ValueError: an invalid graph (:meth:`validate`).
-        """
+        """Every node in dependency order (ties in the order the nodes were added); ValueError if invalid."""
         return self._analyzed()._analysis.order
 
     @property
@@ -328,11 +324,7 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
 
     def dependencies(self, node: Node) -> tuple[str, ...]:
         """The tensor names ``node`` reads: its inputs, and for a Gradient node the tensors its sub-graph reads
-        besides ``xs + zs``.
-
-        Raises:
-          ValueError: an invalid graph (:meth:`validate`). KeyError: a node of another graph.
-        """
+        besides ``xs + zs``. Raises ValueError for an invalid graph, KeyError for a node of another graph."""
         return tuple(self._analyzed()._analysis.deps[node])
 
     def plan(self, outputs: str | Sequence[str] | None, known: Iterable[str]) -> tuple[tuple[str, ...],
@@ -345,6 +337,17 @@ outputs=('', 'd2O/dW2'), name='Gradient#3')
         Raises:
           ValueError: an output no graph input, initializer or node defines; a graph input the outputs need that
             is not ``known``; an invalid graph.
+
+        Example:
+          >>> import jax.numpy as jnp, optkit
+          >>> g = optkit.Graph(["x"])
+          >>> _ = g.add(jnp.sin, ["x"], ["y"])
+          >>> _ = g.add(jnp.cos, ["x"], ["z"])
+          >>> names, nodes = g.plan("y", ["x"])        # only the node y needs
+          >>> env = {"x": jnp.zeros(2)}
+          >>> g.run_plan(nodes, env)
+          >>> names, len(nodes), env["y"]
+          (('y',), 1, Array([0., 0.], dtype=float32))
         """
         names, _, runner = self._requested(outputs)
         return names, runner.plan(names, frozenset(known))
