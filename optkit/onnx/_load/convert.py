@@ -291,7 +291,9 @@ def _node_function(fn, ctx: NodeContext, spec: OpSpec, schema: Any, count: int, 
 # The plain error types a node's computation raises from inside JAX or NumPy (shapes that do not fit, a dtype
 # promotion refused, a value that overflows a conversion): re-raised with the node named. Their subclasses
 # (optkit's own errors, which name the node already, JAX's tracer errors) pass as they are.
-_NAMED_HERE = (TypeError, ValueError, OverflowError, IndexError, ZeroDivisionError, jax.dtypes.TypePromotionError)
+# (jax.dtypes.TypePromotionError is public from jax 0.10.2 on; before, a ValueError subclass of its own)
+_NAMED_HERE = (TypeError, ValueError, OverflowError, IndexError, ZeroDivisionError,
+               *((jax.dtypes.TypePromotionError,) if hasattr(jax.dtypes, "TypePromotionError") else ()))
 
 
 def _folded(value: Any) -> Any:
