@@ -90,11 +90,12 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
         eager.traceable = run  # type: ignore[attr-defined]  # (string outputs left as None: for eval_shape)
         fn = cache[key] = eager
         return fn
-    program, jitted = compiled(run, how, tuple(how.held[name] for name in kept) if kept else (), host)
+    kept_values = tuple(how.held[name] for name in kept)
+    program, jitted = compiled(run, how, kept_values, host)
     names = ("(rng key)", *dynamic) if how.rng else dynamic
     fn = cache[key] = logged(jitted, names, len(graph.nodes), _related(cache, key))
     # (the jax.jit function: .lower(...) reads its HLO)
-    fn.jitted = _WithHeld(program, tuple(how.held[name] for name in kept)) if kept else program  # type: ignore
+    fn.jitted = _WithHeld(program, kept_values) if kept else program  # type: ignore
     return fn
 
 
