@@ -21,7 +21,7 @@ import onnx.backend.base
 import onnx.defs
 
 from optkit import Graph
-from optkit.onnx._base.errors import ValueDependentError
+from optkit.onnx._base.errors import PAST_CAP, ValueDependentError
 from optkit.onnx._base.limits import Limits, jax_device
 from optkit.onnx._load.analysis import Facts
 from optkit.onnx._load.convert import Converted
@@ -188,6 +188,10 @@ class BackendRep(onnx.backend.base.BackendRep):
             (e.g. incompatible shapes inside the graph), before anything runs.
           TensorTooLargeError: a node output above ``max_tensor_bytes``,
             found while the graph is traced, before anything is allocated.
+          ValueError: a node's work above ``max_node_work`` or a Loop's above
+            ``max_loop_steps`` (before it runs where its size is known), a
+            Loop that cannot stop, a compiled condition-driven Loop whose
+            condition still holds at its bound of iterations.
         """
         if kwargs:
             raise TypeError(f"unexpected keyword arguments {sorted(kwargs)}")
@@ -198,34 +202,40 @@ class BackendRep(onnx.backend.base.BackendRep):
         traced = any(isinstance(v, jax.core.Tracer) for v in values)  # inside jax.jit: JAX takes no options here
         placement = contextlib.nullcontext() if self._default_device else jax.default_device(self.device)
         segmented_key = (dynamic, bool(jax.config.jax_enable_x64), static_key(static))
-        with placement:
-            segmented = self._segmented.get(segmented_key)
-            if segmented is not None:
-                return self._outputs(segmented.run(feeds), as_numpy)
-            fn = graph_function(self._functions, self.graph, self.outputs, static, dynamic, Program(
-                jit=self._jit, donate=donated, options=None if traced else self._options, checks=self._checks,
-                layers=self._layers, held=self._held))
-            if not self._jit:
-                # Op by op, NumPy values would be folded as constants: make them JAX arrays.
-                values = jax.tree.map(jnp.asarray, values)
-                signature = (id(fn), str(jax.tree.map(lambda v: (v.shape, v.dtype), values)))
-                if signature not in self._checked:
-                    try:
-                        jax.eval_shape(getattr(fn, "traceable", fn), *values)  # trace it all before running any op
-                    except ValueDependentError:
-                        pass  # shapes known only from values (a Loop): its op-by-op run checks them as it goes
-                    self._checked.add(signature)
-            # jax.jit moves NumPy values to the (default) device itself, fastest.
-            try:
-                results = fn(*values)
-            except ValueDependentError:
-                if not self._jit or traced:
-                    raise
-                # An output size known only from values: compiled segments around such nodes, from now on.
-                segmented = self._segmented[segmented_key] = SegmentedRun(
-                    self.graph, self.outputs, static, options=self._options, checks=self._checks)
-                results = segmented.run(feeds)
-        return self._outputs(results, as_numpy)
+        try:
+            with placement:
+                segmented = self._segmented.get(segmented_key)
+                if segmented is not None:
+                    return self._outputs(segmented.run(feeds), as_numpy)
+                fn = graph_function(self._functions, self.graph, self.outputs, static, dynamic, Program(
+                    jit=self._jit, donate=donated, options=None if traced else self._options, checks=self._checks,
+                    layers=self._layers, held=self._held))
+                if not self._jit:
+                    # Op by op, NumPy values would be folded as constants: make them JAX arrays.
+                    values = jax.tree.map(jnp.asarray, values)
+                    signature = (id(fn), str(jax.tree.map(lambda v: (v.shape, v.dtype), values)))
+                    if signature not in self._checked:
+                        try:
+                            jax.eval_shape(getattr(fn, "traceable", fn), *values)  # trace it all before running any op
+                        except ValueDependentError:
+                            pass  # shapes known only from values (a Loop): its op-by-op run checks them as it goes
+                        self._checked.add(signature)
+                # jax.jit moves NumPy values to the (default) device itself, fastest.
+                try:
+                    results = fn(*values)
+                except ValueDependentError:
+                    if not self._jit or traced:
+                        raise
+                    # An output size known only from values: compiled segments around such nodes, from now on.
+                    segmented = self._segmented[segmented_key] = SegmentedRun(
+                        self.graph, self.outputs, static, options=self._options, checks=self._checks)
+                    results = segmented.run(feeds)
+            return self._outputs(results, as_numpy)
+        except jax.errors.JaxRuntimeError as err:  # a compiled Loop stopped at its bound (optkit.onnx._ops.control)
+            text = str(err)
+            if PAST_CAP not in text:
+                raise
+            raise ValueError(text[text.index(PAST_CAP) + len(PAST_CAP):].splitlines()[0]) from None
 
     def _outputs(self, results: Sequence[Any], as_numpy: bool) -> tuple[Any, ...]:
         if as_numpy:  # (a sequence output is a list of arrays, an empty optional None)
@@ -298,6 +308,8 @@ def prepare(
     max_tensor_bytes: int | None = None,
     max_gradient_depth: int | None = None,
     max_gradient_passes: int | None = None,
+    max_node_work: int | None = None,
+    max_loop_steps: int | None = None,
     checks: bool = False,
     scan_layers: bool | None = None,
 ) -> BackendRep:
@@ -315,6 +327,13 @@ def prepare(
       max_gradient_depth: how deep Gradient nodes may nest, 1 to 16 (default 8).
       max_gradient_passes: the reverse passes the Gradient nodes may need in
         all (default 4096).
+      max_node_work: the elements one node may produce or iterate over, checked
+        before it runs (a ``Resize``'s output times the input elements each
+        output reads; a ``Loop``'s or ``Scan``'s iterations times the
+        elements its body computes in one); default 2**32.
+      max_loop_steps: the body nodes a ``Loop`` run op by op (between compiled
+        segments) may evaluate in all, nested Loops counted in; default
+        100,000 (about 30 s on 2 CPU cores).
       checks: raise on an out-of-range index of a ``Gather``, ``GatherElements``, ``GatherND``,
         ``ScatterElements`` or ``ScatterND``, naming the node, as ONNX Runtime does
         (``jax.experimental.checkify``: ``checkify.JaxRuntimeError``, a ``ValueError``). Default False:
@@ -348,7 +367,8 @@ def prepare(
       array([1., 1.], dtype=float32)
     """
     placed = jax_device(device)
-    limits = Limits.make(max_tensor_bytes, max_gradient_depth, placed, max_gradient_passes)
+    limits = Limits.make(max_tensor_bytes, max_gradient_depth, placed, max_gradient_passes, max_node_work=max_node_work,
+                         max_loop_steps=max_loop_steps)
     return BackendRep(load(model, limits, base_dir), placed, jit=jit, limits=limits, checks=checks,
                       scan_layers=scan_layers)
 
@@ -361,8 +381,8 @@ def run_model(model: ModelSource, inputs: Any, device: str = "CPU", *, jit: bool
       model: as :func:`prepare`.
       inputs: one value per graph input in ``graph.input`` order, or a dict by name.
       device, jit: as :func:`prepare`.
-      limits: ``base_dir``, ``max_tensor_bytes``, ``max_gradient_depth``, ``max_gradient_passes``, as
-        :func:`prepare`.
+      limits: ``base_dir``, ``max_tensor_bytes``, ``max_gradient_depth``, ``max_gradient_passes``,
+        ``max_node_work``, ``max_loop_steps``, as :func:`prepare`.
 
     Returns:
       The outputs in ``graph.output`` order (a named tuple of NumPy arrays).

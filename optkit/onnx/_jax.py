@@ -31,7 +31,7 @@ from optkit.onnx._load.pipeline import load
 from optkit.onnx._load.protos import InputInfo
 from optkit.onnx._plans.layers import layers_of
 from optkit.onnx._run.feeds import Feeds, run_dtype
-from optkit.onnx._run.held import held_weights
+from optkit.onnx._run.held import gathered_where_used, held_weights
 from optkit.onnx._run.program import Program, graph_function
 from optkit.onnx._summary import describe
 from optkit.onnx._training_model import select_trainable
@@ -140,6 +140,7 @@ class OnnxFunction:
         params = self._checked_params(params)
         feeds = self._feeds.checked(feeds)
         static, dynamic = self._feeds.split(feeds)
+        params = gathered_where_used(params, [feeds[name] for name in dynamic])  # FSDP: split like the batch
         values = (*params.values(), *self._frozen.values(), *(feeds[name] for name in dynamic))
         if rng is not None:
             values = (as_key(rng), *values)
@@ -207,6 +208,8 @@ def to_jax(
     max_tensor_bytes: int | None = None,
     max_gradient_depth: int | None = None,
     max_gradient_passes: int | None = None,
+    max_node_work: int | None = None,
+    max_loop_steps: int | None = None,
     untie: bool | Sequence[str] = False,
     checks: bool = False,
     lora: LoRA | None = None,
@@ -243,7 +246,8 @@ def to_jax(
         sizes depend on values; a repeated layer holding such a value runs
         unrolled). Initializers only the cut-off nodes read stay in
         ``params``, with zero gradients.
-      base_dir, max_tensor_bytes, max_gradient_depth, max_gradient_passes: as :func:`prepare`.
+      base_dir, max_tensor_bytes, max_gradient_depth, max_gradient_passes, max_node_work, max_loop_steps: as
+        :func:`prepare`.
       untie: give each node its own copy of the initializers the exporter shared between unrelated nodes
         (torch.onnx's dynamo exporter writes one initializer for equal constants: every zero bias of a
         BERT's LayerNorms is one), which training would otherwise tie; the copies are parameters named
@@ -315,7 +319,8 @@ def to_jax(
       >>> optax.apply_updates(params, updates)["W"].shape
       (3, 2)
     """
-    limits = Limits.make(max_tensor_bytes, max_gradient_depth, max_gradient_passes=max_gradient_passes)
+    limits = Limits.make(max_tensor_bytes, max_gradient_depth, max_gradient_passes=max_gradient_passes,
+                         max_node_work=max_node_work, max_loop_steps=max_loop_steps)
     loaded = load(model, limits, base_dir, untie=untie, lora=lora, lora_key=lora_key)
     values = dict(loaded.graph.initializers)
     floating = {name: bool(jnp.issubdtype(np.asarray(v).dtype, jnp.floating)) for name, v in values.items()}

@@ -137,7 +137,7 @@ class OnnxModule(nnx.Module):
                 stream = stream[self.rng_collection] if self.rng_collection in stream else stream.default
             key = stream() if isinstance(stream, nnx.RngStream) else stream
         params = {name: param[...] for name, param in self.params.items()}
-        return self.apply_fn(_gathered(params, inputs), *inputs, rng=key)
+        return self.apply_fn(params, *inputs, rng=key)
 
     def summary(self) -> str:
         """What is in the model and what the module trains (:meth:`OnnxFunction.summary`)."""
@@ -149,33 +149,3 @@ class OnnxModule(nnx.Module):
     def _repr_html_(self) -> str:
         """The summary for notebooks (Jupyter shows it in place of ``repr``)."""
         return "<pre>" + html.escape(repr(self)) + "</pre>"
-
-
-def _gathered(params: dict[str, Any], inputs: Sequence[Any]) -> dict[str, Any]:
-    """``params`` with each one split over a mesh axis that also splits an input gathered over that axis, on an
-    explicit mesh (``jax.make_mesh``'s default axis types): FSDP, parameters split over ``data`` like the batch,
-    all-gathered where they are used (an explicit mesh refuses an operation whose operands split one axis two
-    ways). Other axes (a ``model`` axis of tensor parallelism) are kept; off an explicit mesh, as they are."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh is None or mesh.empty or not mesh.explicit_axes:
-        return params
-
-    def axes(value: Any) -> set[str]:
-        spec = getattr(getattr(jax.typeof(value), "sharding", None), "spec", None) or ()
-        return {name for entry in spec if entry is not None
-                for name in (entry if isinstance(entry, tuple) else (entry,))}
-
-    batch = set().union(*(axes(x) for x in jax.tree.leaves(inputs) if hasattr(x, "shape"))) & set(mesh.explicit_axes)
-    if not batch:
-        return params
-    out = {}
-    for name, value in params.items():
-        spec = getattr(getattr(jax.typeof(value), "sharding", None), "spec", None)
-        if spec is None or not axes(value) & batch:
-            out[name] = value
-            continue
-        kept = [tuple(a for a in (e if isinstance(e, tuple) else (e,)) if a not in batch) or None
-                if e is not None else None for e in spec]
-        kept = [e[0] if isinstance(e, tuple) and len(e) == 1 else e for e in kept]
-        out[name] = jax.sharding.reshard(value, PartitionSpec(*kept))
-    return out

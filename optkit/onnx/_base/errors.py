@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["UnsupportedOpError", "TensorTooLargeError", "ValueDependentError", "RUNS_IN_SEGMENTS"]
+__all__ = ["UnsupportedOpError", "TensorTooLargeError", "ValueDependentError", "RUNS_IN_SEGMENTS", "PAST_CAP"]
 
 # What every ValueDependentError message ends with: what runs such a node.
 RUNS_IN_SEGMENTS = ("optkit.onnx.prepare(model).run(...) runs it on concrete values, compiling the rest of the "
                     "graph in segments around the node; inside jax.jit (a to_jax function traced) it cannot run")
+
+# What the error of a compiled Loop stopped at its bound of iterations starts with, inside JAX's runtime error
+# (raised by a host callback): :meth:`optkit.onnx.BackendRep.run` re-raises the rest as a ValueError.
+PAST_CAP = "optkit.onnx stopped a Loop at its bound: "
 
 
 class UnsupportedOpError(NotImplementedError):

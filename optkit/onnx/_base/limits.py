@@ -20,7 +20,8 @@ from optkit.onnx._base.errors import TensorTooLargeError
 
 __all__ = ["Limits", "default_max_tensor_bytes", "check_size", "MAX_GRADIENT_DEPTH",
            "GRADIENT_DEPTH_CEILING", "MAX_EXPANDED_NODES", "MAX_DIM", "MAX_EMPTY_EXTENT", "MAX_GRADIENT_PASSES",
-           "MAX_ANALYSIS_STEPS", "MAX_SUBGRAPH_DEPTH", "jax_device"]
+           "MAX_ANALYSIS_STEPS", "MAX_SUBGRAPH_DEPTH", "MAX_NODE_WORK", "MAX_LOOP_STEPS", "MAX_TRIP_COUNT",
+           "jax_device", "check_work", "jaxpr_work"]
 
 # Gradient nodes nested deeper than this are refused at load time: each level of
 # nesting differentiates the level below it again, about tripling the work (8
@@ -42,6 +43,17 @@ MAX_ANALYSIS_STEPS = 5_000_000
 # whose condition is computed traces both branches, so nested Ifs cost 2**depth traces (8 levels: 256, about
 # a second), and each level takes Python frames (Python's recursion limit is near 1000).
 MAX_SUBGRAPH_DEPTH = 8
+# The elements one node may produce or iterate over, checked before it runs: a Resize's output times the input
+# elements each output element reads (its taps), a Loop's or Scan's iterations times the elements its body computes
+# in one (nested loops multiplied in). 2**32 element operations take XLA:CPU seconds on 2 cores; a Resize of 32
+# elements by a scale of 2**16, a few milliseconds of output, is far below it and runs.
+MAX_NODE_WORK = 2**32
+# The body nodes a Loop run op by op (on concrete values, between prepare's compiled segments) may evaluate in all:
+# iterations times the body's nodes, a nested Loop's counted in the one that runs it. Each evaluation costs Python
+# about 0.3 ms on a 2-core CPU, so the default is about 30 s.
+MAX_LOOP_STEPS = 100_000
+# The iterations of a Loop or Scan, whatever its body: a compiled while loop at the bound runs seconds.
+MAX_TRIP_COUNT = 10**7
 # The largest dimension of any tensor a model declares or computes.
 MAX_DIM = 2**31 - 1
 # An empty tensor's non-zero dimensions multiply to at most this: XLA:CPU's cost for an empty array
@@ -141,15 +153,20 @@ class Limits:
       max_gradient_depth: how deep Gradient nodes may nest (a Gradient whose
         ``y`` is computed through another Gradient is one level deeper).
       max_gradient_passes: the reverse passes the Gradient nodes may need in all.
+      max_node_work: the elements one node may produce or iterate over (:data:`MAX_NODE_WORK`).
+      max_loop_steps: the body nodes a Loop run op by op may evaluate (:data:`MAX_LOOP_STEPS`).
     """
 
     max_tensor_bytes: int
     max_gradient_depth: int = MAX_GRADIENT_DEPTH
     max_gradient_passes: int = MAX_GRADIENT_PASSES
+    max_node_work: int = MAX_NODE_WORK
+    max_loop_steps: int = MAX_LOOP_STEPS
 
     @classmethod
     def make(cls, max_tensor_bytes: int | None = None, max_gradient_depth: int | None = None,
-             device: Any = None, max_gradient_passes: int | None = None) -> Limits:
+             device: Any = None, max_gradient_passes: int | None = None, *, max_node_work: int | None = None,
+             max_loop_steps: int | None = None) -> Limits:
         """The limits with defaults filled in, each checked (a positive int; the depth at most the ceiling)."""
         if max_tensor_bytes is None:
             max_tensor_bytes = default_max_tensor_bytes(device)
@@ -164,7 +181,42 @@ class Limits:
         passes = MAX_GRADIENT_PASSES if max_gradient_passes is None else max_gradient_passes
         if isinstance(passes, bool) or not isinstance(passes, (int, np.integer)) or passes < 1:
             raise ValueError(f"max_gradient_passes must be a positive integer, got {passes!r}")
-        return cls(int(max_tensor_bytes), int(depth), int(passes))
+        work = _positive("max_node_work", MAX_NODE_WORK if max_node_work is None else max_node_work)
+        steps = _positive("max_loop_steps", MAX_LOOP_STEPS if max_loop_steps is None else max_loop_steps)
+        return cls(int(max_tensor_bytes), int(depth), int(passes), work, steps)
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def check_work(elements: float, what: str, limit: int) -> None:
+    """Raise a ``ValueError`` naming ``what`` if a node's work of ``elements`` (produced or iterated over) is above
+    ``limit`` (``max_node_work``), before the node runs."""
+    if elements > limit:
+        raise ValueError(f"{what}: {elements:.4g} element operations, more than optkit.onnx's limit of {limit} "
+                         f"({limit:.3g}) for one node; it is refused before it runs (pass max_node_work= to raise "
+                         f"the limit)")
+
+
+def jaxpr_work(jaxpr: Any) -> int:
+    """The elements the equations of a (closed) jaxpr produce: a ``scan``'s body counted once per iteration, a
+    ``cond``'s costliest branch, a ``while``'s body once (its iterations are bounded where it is made)."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    total = 0
+    for eqn in jaxpr.eqns:
+        total += sum(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars)
+        inner = []
+        for param in eqn.params.values():
+            for sub in (param if isinstance(param, (tuple, list)) else (param,)):
+                if hasattr(getattr(sub, "jaxpr", sub), "eqns"):
+                    inner.append(jaxpr_work(sub))
+        if inner:
+            times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+            total += times * (max(inner) if eqn.primitive.name == "cond" else sum(inner))
+    return total
 
 
 def check_size(shape: tuple[int, ...], dtype: np.dtype | None, what: str, limit: int) -> None:

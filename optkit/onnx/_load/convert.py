@@ -197,7 +197,8 @@ def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope) -> t
 
     ctx = NodeContext(node.op_type, domain, version, scope.operators.opsets[domain],
                       node_name(node.name, node.op_type, index), tuple(node.input), tuple(node.output), {},
-                      scope.limits.max_tensor_bytes, subgraph)
+                      scope.limits.max_tensor_bytes, subgraph, max_node_work=scope.limits.max_node_work,
+                      max_loop_steps=scope.limits.max_loop_steps)
     ctx = dataclasses.replace(ctx, attrs=parse_attributes(node, schema, ctx.where))
     built = spec.builder(ctx)
     if isinstance(built, GradientRequest):

@@ -36,7 +36,7 @@ import onnx
 import onnx.defs
 
 from optkit.onnx._base.errors import UnsupportedOpError
-from optkit.onnx._base.limits import check_size
+from optkit.onnx._base.limits import MAX_LOOP_STEPS, MAX_NODE_WORK, check_size, check_work
 from optkit.onnx._base.values import DEFAULT_DOMAIN, domain_text, node_where, normalize_domain
 
 __all__ = ["NodeContext", "GradientRequest", "Builder", "ELEMENTWISE", "FLOAT16_KERNEL", "Float16", "Fusion", "Layout",
@@ -63,6 +63,8 @@ class NodeContext:
       channels_last: build the node's channels-last form (:mod:`optkit.onnx._plans.layout`): its activation
         input and output hold (N, D1, ..., C) instead of ONNX's (N, C, D1, ...); only the operators
         that layout lists are built so.
+      max_node_work: the elements the node may produce or iterate over (:meth:`check_work`).
+      max_loop_steps: the body nodes a ``Loop`` run op by op may evaluate.
     """
 
     op_type: str
@@ -76,6 +78,8 @@ class NodeContext:
     max_tensor_bytes: int = 2**62
     subgraph: Callable[[onnx.GraphProto, str], Any] | None = dataclasses.field(default=None, repr=False)
     channels_last: bool = False
+    max_node_work: int = MAX_NODE_WORK
+    max_loop_steps: int = MAX_LOOP_STEPS
 
     @property
     def where(self) -> str:
@@ -95,6 +99,11 @@ class NodeContext:
     def check_size(self, shape: Sequence[int], dtype: Any, what: str) -> None:
         """Raise :class:`~optkit.onnx.TensorTooLargeError` if an intermediate of ``shape`` would exceed the bounds."""
         check_size(tuple(shape), dtype, self.message(what), self.max_tensor_bytes)
+
+    def check_work(self, elements: float, what: str) -> None:
+        """Raise a ``ValueError`` naming this node if ``what`` (its work, ``elements`` produced or iterated over)
+        is above ``max_node_work``."""
+        check_work(elements, self.message(what), self.max_node_work)
 
     def has_output(self, i: int) -> bool:
         """True if optional output ``i`` is asked for."""

@@ -19,13 +19,20 @@ gets their values as ``captured``), the same bounds. How each runs:
   (differentiable, no scan outputs); ``lax.while_loop`` otherwise (no scan
   outputs; forward only: a gradient through it is refused, naming the node).
 
-Bounds: a constant-true ``Loop`` runs at most :data:`MAX_TRIP_COUNT`
-iterations (more is refused at load or trace time, naming the node), and
-stacked scan outputs are held to ``max_tensor_bytes`` before they are made.
+Bounds (:mod:`optkit.onnx._base.limits`), each refused naming the node: a ``Loop`` that neither its trip count
+nor its condition can stop (no trip count, a constant-true condition) before it runs; at most
+:data:`~optkit.onnx._base.limits.MAX_TRIP_COUNT` iterations; a compiled ``Loop``'s or ``Scan``'s iterations times
+the elements its body computes in one at most ``max_node_work``, checked when it is traced (a condition-driven one
+stops at that many iterations and raises if its condition still holds); a ``Loop`` run op by op evaluates at most
+``max_loop_steps`` body nodes in all, nested Loops counted in (checked before it runs when the trip count is
+known, else as it runs); stacked scan outputs are held to ``max_tensor_bytes`` before they are made.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 from typing import Any
 
 import jax
@@ -33,20 +40,29 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from optkit.onnx._base.errors import RUNS_IN_SEGMENTS, ValueDependentError
+from optkit.onnx._base.errors import PAST_CAP, RUNS_IN_SEGMENTS, ValueDependentError
+from optkit.onnx._base.limits import MAX_TRIP_COUNT, jaxpr_work
 from optkit.onnx._base.values import as_static
 from optkit.onnx._ops._common import body_runner, sharded_like
 from optkit.onnx._ops._registry import FLOAT16_KERNEL, Family, Float16
 
 OPS = Family("control")
 
-MAX_TRIP_COUNT = 10**7  # iterations of a Loop whose condition cannot stop it
 MASKED_SCAN_MAX = 4096  # a known trip count up to this runs as a differentiable masked scan
 
 
 def _concrete(values) -> bool:
     return all(v is None or (all(as_static(e) is not None for e in v) if isinstance(v, list) else
                              as_static(v) is not None) for v in values)
+
+
+def _checked_step(ctx, step, length: int, *args) -> Any:
+    """The output shapes of one iteration's ``step``; ``length`` iterations of its work refused when above
+    ``max_node_work``, before anything runs."""
+    closed, shapes = jax.make_jaxpr(step, return_shape=True)(*args)
+    each = max(jaxpr_work(closed), 1)
+    ctx.check_work(length * each, f"{length} iterations of its body, which computes {each} elements in each")
+    return shapes
 
 
 def _single(outputs: tuple) -> Any:
@@ -129,7 +145,7 @@ def _scan_core(ctx, run, states, scans, in_axes, in_dirs, out_axes, out_dirs, n_
         out = run(*carry, *xs)
         return _carried(ctx, out[:len(carry)], carry, "state"), tuple(jnp.asarray(o) for o in out[len(carry):])
 
-    shapes = jax.eval_shape(step, init, tuple(x[0] for x in moved))[1]
+    shapes = _checked_step(ctx, step, length, init, tuple(x[0] for x in moved))[1]
     for shape, name in zip(shapes, ctx.outputs[len(init):]):
         ctx.check_size((length, *shape.shape), shape.dtype, f"scan output {name!r}")
     final, stacked = lax.scan(step, init, tuple(moved), length=length)
@@ -203,33 +219,70 @@ def _loop(ctx):
         if trip is not None and trip < 0:
             trip = 0
         if _concrete([trip_count, cond, *values, *(captured or {}).values()]):
-            return _loop_eagerly(ctx, run, trip, cond, values, n, k)
+            return _loop_eagerly(ctx, run, body.graph.node_count, trip, cond, values, n, k)
         return _loop_traced(ctx, body, captured, trip, trip_count, cond, values, n, k)
 
     return loop
 
 
-def _loop_eagerly(ctx, run, trip, cond, values, n, k):
-    """Every value concrete: ONNX's loop, op by op (shapes may change, scan outputs of any length)."""
+# The body-node evaluations the Loops run op by op in this run have left: set by the outermost one, spent by the
+# Loops nested in it.
+_STEPS_LEFT = contextvars.ContextVar("optkit_onnx_loop_steps", default=None)
+
+
+@contextlib.contextmanager
+def _step_budget(ctx):
+    """The run's budget of op-by-op body-node evaluations (``max_loop_steps``), the outermost Loop's own."""
+    if _STEPS_LEFT.get() is not None:
+        yield _STEPS_LEFT.get()
+        return
+    token = _STEPS_LEFT.set([ctx.max_loop_steps])
+    try:
+        yield _STEPS_LEFT.get()
+    finally:
+        _STEPS_LEFT.reset(token)
+
+
+def _spend(ctx, left: list, steps: int, what: str) -> None:
+    if steps > left[0]:
+        raise ctx.error(f"{what}: more than the {ctx.max_loop_steps} body-node evaluations a Loop run op by op "
+                        f"may make (max_loop_steps, nested Loops counted in); pass max_loop_steps= to raise it")
+    left[0] -= steps
+
+
+def _loop_eagerly(ctx, run, nodes, trip, cond, values, n, k):
+    """Every value concrete: ONNX's loop, op by op (shapes may change, scan outputs of any length); ``nodes`` the
+    body's node count."""
     keep_going = True if cond is None else bool(np.reshape(as_static(cond), -1)[0])
     if trip is None and cond is None:
         raise ctx.error("neither a trip count nor a condition is given: the loop would never stop")
-    carried, stacked, i = list(values), [[] for _ in range(k)], 0
-    while keep_going and (trip is None or i < trip):
-        if i >= MAX_TRIP_COUNT:
-            raise ctx.error(f"the loop runs more than {MAX_TRIP_COUNT} iterations")
-        out = run(np.asarray(i, np.int64), np.asarray(keep_going), *carried)
-        keep_going = bool(np.reshape(np.asarray(out[0]), -1)[0])
-        carried = list(out[1:1 + n])
-        for j, y in enumerate(out[1 + n:]):
-            stacked[j].append(jnp.asarray(y))
-            if j == 0:
-                ctx.check_size((len(stacked[j]), *np.shape(y)), jnp.result_type(y), "a scan output")
-        i += 1
+    constant = keep_going and _constant_true_condition(run, n, values)
+    if trip is None and constant:
+        raise ctx.error("it has no trip count and its body's condition is always true: the loop would never stop")
+    with _step_budget(ctx) as left:
+        if trip is not None and constant:
+            if trip > MAX_TRIP_COUNT:
+                raise ctx.error(f"a trip count of {trip} is more than optkit.onnx runs ({MAX_TRIP_COUNT})")
+            _spend(ctx, [left[0]], trip * max(nodes, 1), f"{trip} iterations of a body of {nodes} nodes")
+        carried, stacked, i = list(values), [[] for _ in range(k)], 0
+        while keep_going and (trip is None or i < trip):
+            if i >= MAX_TRIP_COUNT:
+                raise ctx.error(f"the loop runs more than {MAX_TRIP_COUNT} iterations")
+            _spend(ctx, left, max(nodes, 1), f"iteration {i} of a body of {nodes} nodes")
+            out = run(np.asarray(i, np.int64), np.asarray(keep_going), *carried)
+            keep_going = bool(np.reshape(np.asarray(out[0]), -1)[0])
+            carried = list(out[1:1 + n])
+            for j, y in enumerate(out[1 + n:]):
+                stacked[j].append(np.asarray(y))  # (stacked on the host at the end: one copy, no XLA concatenate)
+                ctx.check_size((len(stacked[j]), *np.shape(y)), np.asarray(y).dtype, f"scan output {j}")
+            i += 1
     scans = []
     for j, ys in enumerate(stacked):
         if ys:
-            scans.append(jnp.stack(ys))
+            if len({y.shape for y in ys}) != 1:
+                raise ctx.error(f"scan output {j} changes shape between iterations: "
+                                f"{sorted({y.shape for y in ys})}")
+            scans.append(jnp.asarray(np.stack(ys)))
         else:  # no iteration: an empty stack of the body's output shape
             shape = jax.eval_shape(lambda *v, j=j: run(np.asarray(0, np.int64), np.asarray(True), *v)[1 + n + j],
                                    *carried)
@@ -247,8 +300,11 @@ def _constant_true_condition(run, n, values) -> bool:
         return ()
 
     # The condition fed to an iteration is the one the last gave: True throughout a constant-true loop.
-    jax.make_jaxpr(lambda i, *v: probe(i, np.asarray(True), *v))(jnp.zeros((), _counter()),
-                                                                   *(jnp.asarray(v) for v in values))
+    try:
+        jax.make_jaxpr(lambda i, *v: probe(i, np.asarray(True), *v))(jnp.zeros((), _counter()),
+                                                                       *(jnp.asarray(v) for v in values))
+    except (ValueDependentError, TypeError, ValueError):  # a body that runs only on concrete values (a Slice by
+        return False  # the counter), carried sequences: not shown constant (an error of the body's shows as it runs)
     return found[0] is not None and bool(np.all(found[0]))
 
 
@@ -271,7 +327,7 @@ def _loop_traced(ctx, body, captured, trip, trip_count, cond, values, n, k):
             out = run(i, np.asarray(True), *carry)
             return fixed(out[1:1 + n], carry), tuple(jnp.asarray(y) for y in out[1 + n:])
 
-        shapes = jax.eval_shape(step, init, jnp.zeros((), _counter()))[1]
+        shapes = _checked_step(ctx, step, trip, init, jnp.zeros((), _counter()))[1]
         for shape, name in zip(shapes, ctx.outputs[n:]):
             ctx.check_size((trip, *shape.shape), shape.dtype, f"scan output {name!r}")
         final, stacked = lax.scan(step, init, jnp.arange(trip, dtype=_counter()), length=trip)
@@ -280,6 +336,8 @@ def _loop_traced(ctx, body, captured, trip, trip_count, cond, values, n, k):
         raise ValueDependentError(ctx.message(
             "its scan outputs have a length that depends on values (the condition is computed while running): "
             f"{RUNS_IN_SEGMENTS}"))
+    if trip is None and trip_count is None and constant:
+        raise ctx.error("it has no trip count and its body's condition is always true: the loop would never stop")
     c0 = jnp.ones((), bool) if cond is None else jnp.reshape(jnp.asarray(cond), ()).astype(bool)
     if trip is not None and trip <= MASKED_SCAN_MAX:
         def masked(state, i):
@@ -289,6 +347,7 @@ def _loop_traced(ctx, body, captured, trip, trip_count, cond, values, n, k):
             kept = tuple(jnp.where(going, a, b) for a, b in zip(new, carry))
             return (jnp.logical_and(going, jnp.reshape(out[0], ()).astype(bool)), kept), ()
 
+        _checked_step(ctx, masked, trip, (c0, init), jnp.zeros((), _counter()))
         (_, final), _ = lax.scan(masked, (c0, init), jnp.arange(trip, dtype=_counter()), length=trip)
         return _single(final)
     if trip is not None:  # known: at most what the counter holds (int32 with 64-bit mode off, never wrapped:
@@ -301,6 +360,20 @@ def _loop_traced(ctx, body, captured, trip, trip_count, cond, values, n, k):
 def _counter() -> np.dtype:
     """The iteration counter's dtype: ONNX's INT64, as the caller's 64-bit setting runs it (int32 when off)."""
     return np.dtype(jax.dtypes.canonicalize_dtype(jnp.int64))
+
+
+def _iteration_cap(ctx, step, state) -> int:
+    """The iterations a compiled condition-driven loop may run: :data:`MAX_TRIP_COUNT`, and ``max_node_work`` over
+    the elements its body computes in one."""
+    each = max(jaxpr_work(jax.make_jaxpr(step)(state)), 1)
+    return int(max(1, min(MAX_TRIP_COUNT, ctx.max_node_work // each, np.iinfo(_counter()).max)))
+
+
+def _past_cap(ctx, cap, still_going) -> None:
+    if bool(still_going):
+        raise ValueError(PAST_CAP + ctx.message(
+            f"its condition still holds after {cap} iterations, the most optkit.onnx runs of its body "
+            f"({MAX_TRIP_COUNT}, or max_node_work over the elements its body computes in one)"))
 
 
 def _while(ctx, body, captured, n, limit, c0, init):
@@ -325,7 +398,16 @@ def _while(ctx, body, captured, n, limit, c0, init):
             out = run(i, going, *carry)
             return i + 1, jnp.reshape(out[0], ()).astype(bool), _carried(ctx, out[1:1 + n], carry, "loop-carried value")
 
-        return lax.while_loop(keep_going, step, (jnp.zeros((), _counter()), c0, init))[2]
+        state = (jnp.zeros((), _counter()), c0, init)
+        cap = _iteration_cap(ctx, step, state)
+
+        def bounded(state):
+            return jnp.logical_and(keep_going(state), state[0] < cap)
+
+        i, going, final = lax.while_loop(bounded, step, state)
+        jax.debug.callback(functools.partial(_past_cap, ctx, cap), jnp.logical_and(keep_going((i, going, ())),
+                                                                                   i >= cap))
+        return final
 
     @jax.custom_vjp
     def guarded(limit, c0, init, traced):

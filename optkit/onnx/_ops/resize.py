@@ -29,48 +29,51 @@ _TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "alig
 _NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
-def _coefficients(mode, nearest_mode, antialias, a):
-    """``ratio, scale -> coefficients`` of the neighbours (ONNX's reference ``_*_coeffs``)."""
-    if mode == "nearest":
-        def nearest(ratio, scale):
-            if float(ratio).is_integer():
-                return np.array([0.0, 1.0])
-            return {"round_prefer_floor": np.array([ratio <= 0.5, ratio > 0.5]),
-                    "round_prefer_ceil": np.array([ratio < 0.5, ratio >= 0.5]),
-                    "floor": np.array([1.0, 0.0]), "ceil": np.array([0.0, 1.0])}[nearest_mode].astype(float)
-        return nearest
-    if mode == "linear":
-        if not antialias:
-            return lambda ratio, scale: np.array([1 - ratio, ratio])
-
-        def linear(ratio, scale):
-            scale = min(scale, 1.0)
-            start = int(np.floor(-1 / scale) + 1)
-            args = (np.arange(start, start + 2 - 2 * start) - ratio) * scale
-            coeffs = np.clip(1 - np.abs(args), 0, 1)
-            return coeffs / coeffs.sum()
-        return linear
+def _taps(mode: str, antialias: bool, scale: float) -> int:
+    """The input elements each output element reads along one axis (the reference's coefficient count)."""
+    if mode == "nearest" or (mode == "linear" and not antialias):
+        return 2
     if not antialias:
+        return 4
+    reach = 1 if mode == "linear" else 2  # the kernel's half-width, stretched by 1 / scale when shrinking
+    return 2 - 2 * int(np.floor(-reach / min(scale, 1.0)) + 1)
+
+
+def _coefficients(mode, nearest_mode, antialias, a):
+    """``ratios [m], scale -> coefficients [m, taps]`` of the neighbours (ONNX's reference ``_*_coeffs``, for all
+    the output positions of an axis at once)."""
+    if mode == "nearest":
+        def nearest(r, scale):
+            ceil = {"round_prefer_floor": r > 0.5, "round_prefer_ceil": r >= 0.5,
+                    "floor": np.zeros(r.shape, bool), "ceil": np.ones(r.shape, bool)}[nearest_mode]
+            ceil = np.where(r == np.floor(r), True, ceil)  # a whole ratio: the position itself
+            return np.stack([~ceil, ceil], -1).astype(np.float64)
+        return nearest
+    if not antialias:
+        if mode == "linear":
+            return lambda r, scale: np.stack([1 - r, r], -1)
+
         def cubic(r, scale):
-            return np.array([((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a,
+            q = 1 - r
+            return np.stack([((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a,
                              ((a + 2) * r - (a + 3)) * r * r + 1,
-                             ((a + 2) * (1 - r) - (a + 3)) * (1 - r) * (1 - r) + 1,
-                             ((a * ((1 - r) + 1) - 5 * a) * ((1 - r) + 1) + 8 * a) * ((1 - r) + 1) - 4 * a])
+                             ((a + 2) * q - (a + 3)) * q * q + 1,
+                             ((a * (q + 1) - 5 * a) * (q + 1) + 8 * a) * (q + 1) - 4 * a], -1)
         return cubic
 
-    def cubic_antialias(ratio, scale):
-        scale = min(scale, 1.0)
+    def weight(x):
+        x = np.abs(x)
+        if mode == "linear":
+            return np.clip(1 - x, 0, 1)
+        return np.where(x <= 1, (a + 2) * x**3 - (a + 3) * x**2 + 1,
+                        np.where(x < 2, a * x**3 - 5 * a * x**2 + 8 * a * x - 4 * a, 0.0))
 
-        def weight(x):
-            x = abs(x)
-            if x <= 1:
-                return (a + 2) * x**3 - (a + 3) * x**2 + 1
-            return a * x**3 - 5 * a * x**2 + 8 * a * x - 4 * a if x < 2 else 0.0
-
-        start = int(np.floor(-2 / scale) + 1)
-        coeffs = np.array([weight(scale * (i - ratio)) for i in range(start, 2 - start)])
-        return coeffs / coeffs.sum()
-    return cubic_antialias
+    def antialiased(r, scale):
+        n = _taps(mode, True, scale)
+        start = (2 - n) // 2
+        coeffs = weight((np.arange(start, start + n)[None, :] - r[:, None]) * min(scale, 1.0))
+        return coeffs / coeffs.sum(axis=-1, keepdims=True)
+    return antialiased
 
 
 def _source(transform, out_size, scale, in_size, roi):
@@ -105,7 +108,7 @@ def _resize_axis(x, axis, scale, out_size, coeffs_of, transform, roi, extrapolat
     source, outside = _source(transform, out_size, scale, in_size, roi)
     floor = np.floor(source).astype(np.int64)
     ratios = np.where(source == floor, 1.0, source - floor)
-    coeffs = np.stack([coeffs_of(float(r), scale) for r in ratios]).astype(np.float64)
+    coeffs = np.asarray(coeffs_of(ratios, scale), np.float64)
     n = coeffs.shape[1]
     pad = int(math.ceil(n / 2))
     padded = source + pad
@@ -191,6 +194,11 @@ def _resize(ctx):
         for axis in axes:
             if math.isclose(full_scales[axis], 1.0) and out[axis] == y.shape[axis] and rois[axis] == (0.0, 1.0):
                 continue
+            taps = _taps(mode, antialias, full_scales[axis])
+            read = (*y.shape[:axis], out[axis], taps, *y.shape[axis + 1:])
+            ctx.check_work(math.prod(read), f"resizing axis {axis} to {out[axis]} reads {taps} input elements "
+                                            f"for each output element")
+            ctx.check_size(read, work, f"the input elements read to resize axis {axis}")
             y = _resize_axis(y, axis, full_scales[axis], out[axis], coeffs_of, transform, rois[axis], extrapolation,
                              exclude)
         if jnp.issubdtype(dtype, jnp.integer):

@@ -8,17 +8,18 @@ for a LoRA fine-tune, the frozen base. A scanned run's per-layer weights among t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec
 
 from optkit.onnx._base.values import is_mapped, release_pages
 from optkit.onnx._plans.layers import stacked_name
 
-__all__ = ["held_weights", "on_device", "holdable", "stack_once"]
+__all__ = ["held_weights", "on_device", "holdable", "stack_once", "gathered_where_used"]
 
 
 def held_weights(initializers: Mapping[str, Any], layers: Any, skip: Container[str], *, device: Any = None,
@@ -68,3 +69,35 @@ def stack_once(held: dict[str, Any], layers: Any, put: Callable[[Any], Any]) -> 
                 for name in names:
                     release_pages(held.pop(name))
     return stacked
+
+
+def gathered_where_used(params: dict[str, Any], inputs: Sequence[Any]) -> dict[str, Any]:
+    """``params`` with each one split over a mesh axis that also splits an input gathered over that axis, on an
+    explicit mesh (``jax.make_mesh``'s default axis types): FSDP, parameters split over ``data`` like the batch
+    (``optkit.state_sharding(params, mesh, "data")``, ``optkit.fsdp_rule``), all-gathered where the model uses
+    them (an explicit mesh refuses an operation whose operands split one axis two ways; XLA compiles the gather
+    to an all-gather, its gradient to a reduce-scatter). Other axes (a ``model`` axis of tensor parallelism) are
+    kept; off an explicit mesh, as they are. Both runners' ``apply_fn`` (``to_jax``, ``OnnxModule``) call it."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is None or mesh.empty or not mesh.explicit_axes:
+        return params
+
+    def axes(value: Any) -> set[str]:
+        spec = getattr(getattr(jax.typeof(value), "sharding", None), "spec", None) or ()
+        return {name for entry in spec if entry is not None
+                for name in (entry if isinstance(entry, tuple) else (entry,))}
+
+    batch = set().union(*(axes(x) for x in jax.tree.leaves(inputs) if hasattr(x, "shape"))) & set(mesh.explicit_axes)
+    if not batch:
+        return params
+    out = {}
+    for name, value in params.items():
+        spec = getattr(getattr(jax.typeof(value), "sharding", None), "spec", None)
+        if spec is None or not axes(value) & batch:
+            out[name] = value
+            continue
+        kept = [tuple(a for a in (e if isinstance(e, tuple) else (e,)) if a not in batch) or None
+                if e is not None else None for e in spec]
+        kept = [e[0] if isinstance(e, tuple) and len(e) == 1 else e for e in kept]
+        out[name] = jax.sharding.reshard(value, PartitionSpec(*kept))
+    return out
