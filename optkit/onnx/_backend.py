@@ -333,7 +333,7 @@ def prepare(
         elements its body computes in one); default 2**32.
       max_loop_steps: the body nodes a ``Loop`` run op by op (between compiled
         segments) may evaluate in all, nested Loops counted in; default
-        100,000 (about 30 s on 2 CPU cores).
+        10,000 (seconds on 2 CPU cores for a body of small nodes).
       checks: raise on an out-of-range index of a ``Gather``, ``GatherElements``, ``GatherND``,
         ``ScatterElements`` or ``ScatterND``, naming the node, as ONNX Runtime does
         (``jax.experimental.checkify``: ``checkify.JaxRuntimeError``, a ``ValueError``). Default False:

@@ -49,9 +49,10 @@ MAX_SUBGRAPH_DEPTH = 8
 # elements by a scale of 2**16, a few milliseconds of output, is far below it and runs.
 MAX_NODE_WORK = 2**32
 # The body nodes a Loop run op by op (on concrete values, between prepare's compiled segments) may evaluate in all:
-# iterations times the body's nodes, a nested Loop's counted in the one that runs it. Each evaluation costs Python
-# about 0.3 ms on a 2-core CPU, so the default is about 30 s.
-MAX_LOOP_STEPS = 100_000
+# iterations times the body's nodes, a nested Loop's counted in the one that runs it. An evaluation costs Python
+# 0.1-0.3 ms on a 2-core CPU for a small node (a few seconds at the bound), more for a heavy one (a MatMul by a
+# language model's head as the body: 2.7 ms, 27 s at the bound).
+MAX_LOOP_STEPS = 10_000
 # The iterations of a Loop or Scan, whatever its body: a compiled while loop at the bound runs seconds.
 MAX_TRIP_COUNT = 10**7
 # The largest dimension of any tensor a model declares or computes.

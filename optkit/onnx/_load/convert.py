@@ -200,7 +200,14 @@ def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope) -> t
                       scope.limits.max_tensor_bytes, subgraph, max_node_work=scope.limits.max_node_work,
                       max_loop_steps=scope.limits.max_loop_steps)
     ctx = dataclasses.replace(ctx, attrs=parse_attributes(node, schema, ctx.where))
-    built = spec.builder(ctx)
+    try:
+        built = spec.builder(ctx)
+    except (KeyError, IndexError, ValueError, TypeError, ZeroDivisionError, OverflowError) as err:
+        if str(err).startswith(ctx.where) or type(err) not in (KeyError, IndexError, ValueError, TypeError,
+                                                              ZeroDivisionError, OverflowError):
+            raise  # named already (optkit's own errors), or a subclass with a meaning of its own
+        # (attributes that do not fit together, found by the operator's builder as it reads them)
+        raise ValueError(ctx.message(f"its attributes do not fit together: {type(err).__name__}: {err}")) from err
     if isinstance(built, GradientRequest):
         try:
             graph.add_gradient(xs=built.xs, zs=built.zs, y=built.y, inputs=list(ctx.inputs),

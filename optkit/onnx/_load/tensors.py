@@ -43,9 +43,9 @@ def tensors_of(proto: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto, 
             yield f"{prefix}sparse initializer {sparse.values.name!r}", sparse.values, tuple(sparse.dims)
             yield f"{prefix}sparse initializer {sparse.values.name!r} (indices)", sparse.indices, None
         for index, node in enumerate(graph.node):
-            where = f"{prefix}attribute {{}} of node {node_name(node.name, node.op_type, index)!r}"
-            for attr in node.attribute:
-                what = where.format(repr(attr.name))
+            named = node_name(node.name, node.op_type, index)
+            for attr in node.attribute:  # (no str.format of a file's names: a name may hold braces)
+                what = f"{prefix}attribute {attr.name!r} of node {named!r}"
                 if attr.HasField("t"):
                     yield what, attr.t, None
                 for tensor in attr.tensors:

@@ -82,6 +82,9 @@ class Trees:
                               a[f"{prefix}_weights"]):
             if not 0 <= int(o) < outputs:
                 raise ctx.error(f"{prefix}_ids {int(o)} is outside the {outputs} outputs")
+            if (int(t), int(n)) not in key:
+                raise ctx.error(f"{prefix}_treeids/{prefix}_nodeids ({int(t)}, {int(n)}) name no node of "
+                                f"nodes_treeids/nodes_nodeids")
             weights[key[(int(t), int(n))], int(o)] += w
         return cls(mode, np.asarray(a.get("nodes_featureids", [0] * count), np.int64),
                    np.asarray(a.get("nodes_values", [0.0] * count), np.float64),

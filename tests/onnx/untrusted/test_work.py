@@ -67,7 +67,7 @@ def _endless_body():
 
 def test_the_limits_have_documented_defaults_and_are_checked():
     limits = Limits.make(2**20)
-    assert (limits.max_node_work, limits.max_loop_steps) == (MAX_NODE_WORK, MAX_LOOP_STEPS) == (2**32, 100_000)
+    assert (limits.max_node_work, limits.max_loop_steps) == (MAX_NODE_WORK, MAX_LOOP_STEPS) == (2**32, 10_000)
     for name in ("max_node_work", "max_loop_steps"):
         for bad in (0, -1, 1.5, True):
             with pytest.raises(ValueError, match=name):
