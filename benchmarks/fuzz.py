@@ -348,17 +348,16 @@ def classify(kind: str, error_type: str | None, message: str, documented: bool =
 
 
 def _feeds(rep: Any, folder: str) -> dict[str, Any]:
-    """``optkit-onnx run``'s random inputs; zeros of the declared type for the types it draws nothing of (float8,
-    int4); an input of unknown rank or type left out (the run then names it)."""
-    from optkit.onnx._cli_run import _UsageError, random_inputs
+    """``optkit-onnx run``'s random inputs (one call for all: the sizes of a symbolic dimension agree); zeros of
+    the declared type for the types it draws nothing of (float8, int4); an input of unknown rank or type left out
+    (the run then names it)."""
+    from optkit.onnx._cli_run import random_inputs
 
-    feeds = {}
-    for info in rep.inputs:
-        if info.has_default or info.shape is None or info.dtype is None:
-            continue
-        try:
-            feeds.update(random_inputs([info], {}, 0, 8, folder))
-        except _UsageError:
+    known = [i for i in rep.inputs if not i.has_default and i.shape is not None and i.dtype is not None]
+    drawn = [i for i in known if np.dtype(i.dtype).kind in "fciub"]
+    feeds = random_inputs(drawn, {}, 0, 8, folder)
+    for info in known:
+        if info.name not in feeds:
             feeds[info.name] = np.zeros(tuple(d if isinstance(d, int) else 2 for d in info.shape), info.dtype)
     return feeds
 

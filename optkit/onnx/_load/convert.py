@@ -200,6 +200,8 @@ def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope) -> t
                       scope.limits.max_tensor_bytes, subgraph, max_node_work=scope.limits.max_node_work,
                       max_loop_steps=scope.limits.max_loop_steps)
     ctx = dataclasses.replace(ctx, attrs=parse_attributes(node, schema, ctx.where))
+    if spec.accepts is not None:
+        spec.accepts.check_attributes(ctx)
     try:
         built = spec.builder(ctx)
     except (KeyError, IndexError, ValueError, TypeError, ZeroDivisionError, OverflowError) as err:
@@ -251,6 +253,8 @@ def _node_function(fn, ctx: NodeContext, spec: OpSpec, schema: Any, count: int, 
 
     def call(*values):
         given = list(values[:count])
+        if spec.accepts is not None:
+            spec.accepts.check_ranks(ctx, given)
         for i in static:
             value = as_static(given[i])
             if value is None:
@@ -266,7 +270,10 @@ def _node_function(fn, ctx: NodeContext, spec: OpSpec, schema: Any, count: int, 
         except _NAMED_HERE as err:  # JAX's or NumPy's own error while the node runs: said with the node named
             if type(err) not in _NAMED_HERE or str(err).startswith(ctx.where):
                 raise
-            raise type(err)(ctx.message(str(err))) from err
+            # a TypeError or ValueError as it is; IndexError, OverflowError, ZeroDivisionError as a ValueError
+            # (the documented errors of a run: ValueError, TypeError, UnsupportedOpError), the original its cause
+            kind = type(err) if type(err) in (TypeError, ValueError) else ValueError
+            raise kind(ctx.message(f"{type(err).__name__}: {err}" if kind is not type(err) else str(err))) from err
         if isinstance(out, tuple) and (len(out) > wanted or len(out) == wanted == 1):  # (a Split into one part)
             out = out[0] if wanted == 1 else out[:wanted]
         return out

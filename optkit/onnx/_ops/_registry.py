@@ -32,6 +32,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import onnx
 import onnx.defs
 
@@ -39,8 +40,8 @@ from optkit.onnx._base.errors import UnsupportedOpError
 from optkit.onnx._base.limits import MAX_LOOP_STEPS, MAX_NODE_WORK, check_size, check_work
 from optkit.onnx._base.values import DEFAULT_DOMAIN, domain_text, node_where, normalize_domain
 
-__all__ = ["NodeContext", "GradientRequest", "Builder", "ELEMENTWISE", "FLOAT16_KERNEL", "Float16", "Fusion", "Layout",
-           "MOVES_FLOAT16", "OpSpec", "Family", "OpTable"]
+__all__ = ["Accepts", "NodeContext", "GradientRequest", "Builder", "ELEMENTWISE", "FLOAT16_KERNEL", "Float16", "Fusion",
+           "Layout", "MOVES_FLOAT16", "OpSpec", "Family", "OpTable"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +221,44 @@ MOVES_FLOAT16 = Float16(kernel_since=1, moves_data=True)  # that, and its output
 
 
 @dataclasses.dataclass(frozen=True)
+class Accepts:
+    """What an operator accepts beyond what ``onnx.checker`` checks, declared at its registration: the ranges or
+    values of its attributes, checked once when the node is loaded, and the ranks of its inputs, checked when it is
+    traced, each refused with a ``ValueError`` naming the node. For com.microsoft operators (whose schemas the
+    checker does not know) and attributes whose valid range a schema leaves to prose (``Gemm``'s ``transA``).
+
+    Attributes:
+      attributes: ``{name: (low, high)}`` (inclusive; every entry of a list attribute; NaN never in range) or
+        ``{name: frozenset of values}``.
+      ranks: ``{input position: (lowest rank, highest rank)}``.
+    """
+
+    attributes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    ranks: Mapping[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
+
+    def check_attributes(self, ctx: NodeContext) -> None:
+        """Raise a ``ValueError`` naming the node for an attribute outside what the operator accepts."""
+        for name, allowed in self.attributes.items():
+            value = ctx.attrs.get(name)
+            if value is None:
+                continue
+            for v in np.reshape(np.asarray(value, dtype=object), -1):
+                if isinstance(allowed, frozenset):
+                    ok, said = v in allowed, f"one of {sorted(allowed)}"
+                else:
+                    ok, said = bool(allowed[0] <= float(v) <= allowed[1]), f"from {allowed[0]} to {allowed[1]}"
+                if not ok:
+                    raise ctx.error(f"attribute {name!r} is {v!r}; {ctx.op_type} accepts {said}")
+
+    def check_ranks(self, ctx: NodeContext, values: Sequence[Any]) -> None:
+        """Raise a ``ValueError`` naming the node for an input of a rank the operator does not take."""
+        for i, (low, high) in self.ranks.items():
+            if i < len(values) and values[i] is not None and not low <= np.ndim(values[i]) <= high:
+                raise ctx.error(f"input {i} has shape {tuple(np.shape(values[i]))}; {ctx.op_type} takes rank "
+                                f"{low}" + (f" to {high}" if high != low else ""))
+
+
+@dataclasses.dataclass(frozen=True)
 class OpSpec:
     """One registration: a builder and the operator versions it implements.
 
@@ -240,6 +279,7 @@ class OpSpec:
       layout: its part in the channels-last plan (:class:`Layout`), or None.
       fusion: how it runs fused with the node it reads (:class:`Fusion`), or None.
       float16: its part in ONNX Runtime's float16 plan (:class:`Float16`), or None (no float16 kernel).
+      accepts: the attribute ranges and input ranks it accepts (:class:`Accepts`), or None.
     """
 
     op_type: str
@@ -254,6 +294,7 @@ class OpSpec:
     table_inputs: tuple[int, ...] = ()
     static_when_fed: tuple[int, ...] = ()
     float16: Float16 | None = None
+    accepts: Accepts | None = None
 
     def builder(self, ctx: NodeContext) -> Callable[..., Any] | GradientRequest:
         """The node's function (or Gradient request): ``build(ctx, *params)``."""
@@ -279,18 +320,20 @@ class Family:
     def op(self, op_type: str, *since_versions: int, params: Sequence[Any] = (), static_inputs: Sequence[int] = (),
            static_outputs: bool = False, layout: Layout | None = None,
            fusion: Fusion | None = None, table_inputs: Sequence[int] = (),
-           static_when_fed: Sequence[int] = (), float16: Float16 | None = None) -> Callable[[Builder], Builder]:
+           static_when_fed: Sequence[int] = (), float16: Float16 | None = None,
+           accepts: Accepts | None = None) -> Callable[[Builder], Builder]:
         """Decorator: register ``build`` for ``op_type`` at each of ``since_versions``; stackable. ``layout``:
         its part in the channels-last plan (:class:`Layout`); ``fusion``: its fusion with the node it reads
-        (:class:`Fusion`); ``float16``: its part in ONNX Runtime's float16 plan (:class:`Float16`);
-        ``table_inputs``, ``static_when_fed``: see :class:`OpSpec`."""
+        (:class:`Fusion`); ``float16``: its part in ONNX Runtime's float16 plan (:class:`Float16`); ``accepts``:
+        its attribute ranges and input ranks (:class:`Accepts`); ``table_inputs``, ``static_when_fed``: see
+        :class:`OpSpec`."""
         if not since_versions:
             raise ValueError(f"{self.name}.op({op_type!r}): give at least one since_version")
 
         def register(build: Builder) -> Builder:
             self.specs.append(OpSpec(op_type, tuple(int(v) for v in since_versions), build, self.domain,
                                      tuple(params), tuple(static_inputs), static_outputs, layout, fusion,
-                                     tuple(table_inputs), tuple(static_when_fed), float16))
+                                     tuple(table_inputs), tuple(static_when_fed), float16, accepts))
             return build
 
         return register

@@ -23,9 +23,12 @@ import numpy as np
 from jax import lax
 
 from optkit.onnx._ops._common import checked_indices, take
-from optkit.onnx._ops._registry import ELEMENTWISE, FLOAT16_KERNEL, Family
+from optkit.onnx._ops._registry import ELEMENTWISE, FLOAT16_KERNEL, Accepts, Family
 
 OPS = Family("contrib", "com.microsoft")
+# ONNX Runtime's skip layer norms take (batch, sequence, hidden) or (tokens, hidden), a skip of the same ranks, and
+# a 1-D scale
+_SKIP_ACCEPTS = Accepts(ranks={0: (2, 3), 1: (2, 3), 2: (1, 1)})
 # ONNX Runtime registers SimplifiedLayerNormalization in the default domain (ONNX defines no such operator; the
 # loader checks such nodes apart, optkit.onnx._load.files.ORT_DEFAULT_DOMAIN_OPS).
 DEFAULT_DOMAIN_OPS = Family("contrib_default_domain")
@@ -96,7 +99,7 @@ def _stats_dtype(x):
     return jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
 
 
-@OPS.op("SkipLayerNormalization", 1, float16=FLOAT16_KERNEL)
+@OPS.op("SkipLayerNormalization", 1, float16=FLOAT16_KERNEL, accepts=_SKIP_ACCEPTS)
 def _skip_layer_normalization(ctx):
     """s = input + skip (+ bias); LayerNormalization of s over the last axis with gamma (and beta). Outputs:
     the result, the mean, 1 / sqrt(variance + epsilon), and s (``input_skip_bias_sum``)."""
@@ -136,7 +139,7 @@ def _simplified_layer_normalization(ctx):
     return simplified_layer_normalization
 
 
-@OPS.op("SkipSimplifiedLayerNormalization", 1, float16=FLOAT16_KERNEL)
+@OPS.op("SkipSimplifiedLayerNormalization", 1, float16=FLOAT16_KERNEL, accepts=_SKIP_ACCEPTS)
 def _skip_simplified_layer_normalization(ctx):
     """s = input + skip (+ bias); RMS normalization of s over the last axis times gamma. Outputs: the result,
     the mean (not computed by ONNX Runtime: zeros here), 1 / sqrt(mean(s^2) + epsilon), and s."""
@@ -172,7 +175,9 @@ def _int8_blocks_jvp(block, primals, tangents):
     return _int8_blocks(primals[0], block), tangents[0]
 
 
-@OPS.op("MatMulNBits", 1, float16=FLOAT16_KERNEL)
+@OPS.op("MatMulNBits", 1, float16=FLOAT16_KERNEL, accepts=Accepts(
+    {"K": (1, 2**31 - 1), "N": (1, 2**31 - 1), "bits": frozenset({2, 4, 8}), "block_size": (16, 2**31 - 1),
+     "accuracy_level": (0, 4)}))
 def _matmul_nbits(ctx):
     """Y = A @ W^T (+ bias) with W (N, K) stored blockwise quantized: B (uint8, [N, ceil(K / block_size),
     block_size * bits / 8]) holding ``bits``-bit unsigned values (4-bit: the low nibble first), ``scales``

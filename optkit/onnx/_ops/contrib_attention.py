@@ -15,10 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from optkit.onnx._ops._common import checked_indices, take
-from optkit.onnx._ops._registry import FLOAT16_KERNEL, Family
+from optkit.onnx._ops._registry import FLOAT16_KERNEL, Accepts, Family
 from optkit.onnx._ops.attention import rotary
 
 OPS = Family("contrib_attention", "com.microsoft")
+# What the attention operators accept (ONNX Runtime's contrib operator pages): heads from 1 (a count of 2**62
+# reached a reshape), flags 0 or 1.
+_HEADS, _FLAG = (1, 65536), frozenset({0, 1})
 
 
 # GroupQueryAttention's inputs and attributes for KV-cache quantization, QK normalization and packed query
@@ -26,7 +29,8 @@ OPS = Family("contrib_attention", "com.microsoft")
 _GQA_UNRUN_INPUTS = {12: "k_scale", 13: "v_scale", 14: "q_norm_weight", 15: "k_norm_weight", 16: "query_seqlens"}
 
 
-@OPS.op("GroupQueryAttention", 1, static_inputs=(6,), table_inputs=(7, 8), float16=FLOAT16_KERNEL)
+@OPS.op("GroupQueryAttention", 1, static_inputs=(6,), table_inputs=(7, 8), float16=FLOAT16_KERNEL, accepts=Accepts(
+    {"num_heads": _HEADS, "kv_num_heads": _HEADS, "do_rotary": _FLAG, "rotary_interleaved": _FLAG}, {0: (3, 3)}))
 def _group_query_attention(ctx):
     """Causal multi-head attention with grouped key/value heads and a KV cache, as onnxruntime-genai's model
     builder writes it (LLaMA, Qwen, Phi, Mistral), following ONNX Runtime 1.32's CPU kernel.
@@ -215,7 +219,7 @@ def _attend(q, k, v, mask, causal, before, fill, bias, alpha):
     return jnp.reshape(jnp.einsum("bnst,bntd->bsnd", probs, v), (batch, length, -1))
 
 
-@OPS.op("Attention", 1)
+@OPS.op("Attention", 1, accepts=Accepts({"num_heads": _HEADS, "unidirectional": _FLAG}, {0: (3, 3)}))
 def _contrib_attention(ctx):
     """BERT- and GPT-style self-attention as ONNX Runtime's transformer optimizer fuses it, following ONNX
     Runtime 1.32's CPU kernel: ``input @ weights (+ bias)`` split into Q, K, V (``qkv_hidden_sizes``, default
@@ -280,7 +284,8 @@ def _contrib_attention(ctx):
     return attention
 
 
-@OPS.op("RotaryEmbedding", 1, table_inputs=(2, 3), float16=FLOAT16_KERNEL)
+@OPS.op("RotaryEmbedding", 1, table_inputs=(2, 3), float16=FLOAT16_KERNEL, accepts=Accepts(
+    {"num_heads": (0, 65536), "rotary_embedding_dim": (0, 65536), "interleaved": _FLAG}))
 def _contrib_rotary_embedding(ctx):
     """ONNX Runtime's rotary embedding (its ``com.microsoft`` operator; ONNX's own has the caches before the
     positions): ``input`` (batch, S, num_heads * head) or (batch, num_heads, S, head), ``position_ids`` (batch,
@@ -317,7 +322,7 @@ def _contrib_rotary_embedding(ctx):
     return rotary_embedding
 
 
-@OPS.op("MultiHeadAttention", 1)
+@OPS.op("MultiHeadAttention", 1, accepts=Accepts({"num_heads": _HEADS, "unidirectional": _FLAG}, {0: (3, 5)}))
 def _multi_head_attention(ctx):
     """Multi-head attention on projected inputs as ONNX Runtime's optimizers and Optimum write it (decoders,
     T5, Whisper), following ONNX Runtime 1.32's CPU kernel. ``query`` (batch, S, hidden) with ``key`` (batch, L,

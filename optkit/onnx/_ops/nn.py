@@ -9,7 +9,7 @@ from jax import lax
 
 from optkit.onnx._ops import _depthwise as dw
 from optkit.onnx._ops._common import aligned, axis_index, log_softmax, on_cpu, softmax
-from optkit.onnx._ops._registry import Family, Layout
+from optkit.onnx._ops._registry import Accepts, Family, Layout
 from optkit.onnx._ops._window import (
     Window,
     auto_pads,
@@ -33,13 +33,11 @@ def _matmul(ctx):
     return matmul
 
 
-@OPS.op("Gemm", 6, 7, 9, 11, 13)
+@OPS.op("Gemm", 6, 7, 9, 11, 13, accepts=Accepts({"transA": frozenset({0, 1}), "transB": frozenset({0, 1})},
+                                                  {0: (2, 2), 1: (2, 2)}))
 def _gemm(ctx):
     alpha = ctx.attrs.get("alpha", 1.0)
     beta = ctx.attrs.get("beta", 1.0)
-    for name in ("transA", "transB"):
-        if ctx.attrs.get(name, 0) not in (0, 1):
-            raise ctx.error(f"attribute {name!r} must be 0 or 1, got {ctx.attrs[name]}")
     trans_a = bool(ctx.attrs.get("transA", 0))
     trans_b = bool(ctx.attrs.get("transB", 0))
 

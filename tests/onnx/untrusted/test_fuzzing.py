@@ -258,7 +258,7 @@ NAMED = [
     ("Gemm with transA=2**62", lambda: _one_node(helper.make_node("Gemm", ["x", "W"], ["y"], transA=2**62,
                                                                   name="gemm0"), [2, 3], ("W", np.ones((3, 4),
                                                                                                   np.float32))),
-     ValueError, "node 'gemm0'.*'transA' must be 0 or 1"),
+     ValueError, "node 'gemm0'.*attribute 'transA' is 4611686018427387904; Gemm accepts one of \\[0, 1\\]"),
     ("Resize scales of inf", lambda: _one_node(helper.make_node("Resize", ["x", "", "s"], ["y"], name="resize0"),
                                                [1, 1, 2, 2], ("s", np.array([1, 1, np.inf, np.nan], np.float32))),
      ValueError, "node 'resize0'.*positive finite scale"),
@@ -279,3 +279,41 @@ def test_a_mutant_that_fails_inside_jax_names_its_node(make, kind, message):
     model, x = make()
     with pytest.raises(kind, match=message):
         optkit.onnx.prepare(model).run([x])
+
+
+_MS = "com.microsoft"
+
+
+def _contrib(node, inputs, inits=()):
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b", "c"][:len(inputs[0][1])])
+    return onnx_model([node], [_info(name, np.float32, shape) for name, shape in inputs], [out],
+                      [numpy_helper.from_array(v, k) for k, v in inits], opsets=(("", 17), (_MS, 1)))
+
+
+@pytest.mark.parametrize("node, match", [
+    (helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["y"], domain=_MS, num_heads=2**62, name="mha0"),
+     "node 'mha0'.*attribute 'num_heads' is 4611686018427387904; MultiHeadAttention accepts from 1 to 65536"),
+    (helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["y"], domain=_MS, num_heads=0, name="mha0"),
+     "node 'mha0'.*'num_heads' is 0"),
+    (helper.make_node("SkipLayerNormalization", ["q", "k", "g"], ["y"], domain=_MS, name="sln0"), None),
+])
+def test_contrib_attributes_outside_what_onnx_runtime_accepts_are_refused_at_load(node, match):
+    """com.microsoft operators declare their attributes' ranges at registration (``Accepts``): checked once when
+    the model loads, before anything is traced, the node named (a num_heads of 2**62 reached a reshape)."""
+    inputs = [("q", [1, 4, 8]), ("k", [1, 4, 8]), ("v", [1, 4, 8])]
+    if match is None:  # a skip 7 wide against an input 8 wide; a rank-3 scale: ranks are checked when traced
+        model = _contrib(node, [("q", [1, 4, 8]), ("k", [1, 4, 7])], [("g", np.ones((1, 1, 8), np.float32))])
+        with pytest.raises(ValueError, match="node 'sln0'.*input 2 has shape \\(1, 1, 8\\); SkipLayerNormalization "
+                                             "takes rank 1"):
+            optkit.onnx.prepare(model).run([np.ones((1, 4, 8), np.float32), np.ones((1, 4, 7), np.float32)])
+        return
+    with pytest.raises(ValueError, match=match):
+        optkit.onnx.prepare(_contrib(node, inputs))
+
+
+def test_matmul_nbits_bits_outside_2_4_8_are_refused_at_load():
+    node = helper.make_node("MatMulNBits", ["a", "b", "s"], ["y"], domain=_MS, K=16, N=4, bits=3, block_size=16,
+                            name="mnb0")
+    model = _contrib(node, [("a", [2, 16])], [("b", np.zeros((4, 1, 8), np.uint8)), ("s", np.ones(4, np.float32))])
+    with pytest.raises(ValueError, match="node 'mnb0'.*'bits' is 3; MatMulNBits accepts one of \\[2, 4, 8\\]"):
+        optkit.onnx.prepare(model)
