@@ -250,11 +250,15 @@ def _node_function(fn, ctx: NodeContext, spec: OpSpec, schema: Any, count: int, 
     """
     static = [i for i in spec.static_inputs if i < count and ctx.inputs[i]]
     wanted = len(ctx.outputs)
+    tensors_only = _tensor_inputs(schema, count)
 
     def call(*values):
         given = list(values[:count])
         if spec.accepts is not None:
             spec.accepts.check_ranks(ctx, given)
+        for i in tensors_only:
+            if isinstance(given[i], list):  # (a sequence where the schema takes tensors only: a swapped operator)
+                raise ctx.error(f"input {_input_name(schema, i)!r} is a sequence; {ctx.op_type} takes a tensor there")
         for i in static:
             value = as_static(given[i])
             if value is None:
@@ -316,6 +320,21 @@ def _folded(value: Any) -> Any:
     if value is None:
         return None
     return [np.asarray(v) for v in value] if isinstance(value, list) else np.asarray(value)
+
+
+def _tensor_inputs(schema: Any, count: int) -> tuple[int, ...]:
+    """The input positions (of ``count``) where the schema takes tensors only, no sequence (none without one)."""
+    if schema is None or not schema.inputs:
+        return ()
+    allowed = {c.type_param_str: list(c.allowed_type_strs) for c in schema.type_constraints}
+    out = []
+    for i in range(count):
+        declared = schema.inputs[min(i, len(schema.inputs) - 1)]
+        if i >= len(schema.inputs) and declared.option != onnx.defs.OpSchema.FormalParameterOption.Variadic:
+            break
+        if not any(t.startswith(("seq(", "optional(seq")) for t in allowed.get(declared.type_str, [declared.type_str])):
+            out.append(i)
+    return tuple(out)
 
 
 def _input_name(schema: Any, i: int) -> str:
