@@ -21,7 +21,7 @@ from optkit.onnx._base.errors import TensorTooLargeError
 __all__ = ["Limits", "default_max_tensor_bytes", "check_size", "MAX_GRADIENT_DEPTH",
            "GRADIENT_DEPTH_CEILING", "MAX_EXPANDED_NODES", "MAX_DIM", "MAX_EMPTY_EXTENT", "MAX_GRADIENT_PASSES",
            "MAX_ANALYSIS_STEPS", "MAX_SUBGRAPH_DEPTH", "MAX_NODE_WORK", "MAX_LOOP_STEPS", "MAX_TRIP_COUNT",
-           "jax_device", "check_work", "jaxpr_work"]
+           "jax_device", "check_work", "jaxpr_as_fun", "jaxpr_work"]
 
 # Gradient nodes nested deeper than this are refused at load time: each level of
 # nesting differentiates the level below it again, about tripling the work (8
@@ -200,6 +200,13 @@ def check_work(elements: float, what: str, limit: int) -> None:
         raise ValueError(f"{what}: {elements:.4g} element operations, more than optkit.onnx's limit of {limit} "
                          f"({limit:.3g}) for one node; it is refused before it runs (pass max_node_work= to raise "
                          f"the limit)")
+
+
+def jaxpr_as_fun(closed: Any) -> Any:
+    """``f(*flat values) -> list of flat outputs`` evaluating a closed jaxpr (``jax.extend.core.jaxpr_as_fun``)."""
+    import jax.extend.core
+
+    return jax.extend.core.jaxpr_as_fun(closed)
 
 
 def jaxpr_work(jaxpr: Any) -> int:

@@ -41,7 +41,7 @@ import numpy as np
 from jax import lax
 
 from optkit.onnx._base.errors import PAST_CAP, RUNS_IN_SEGMENTS, ValueDependentError
-from optkit.onnx._base.limits import MAX_TRIP_COUNT, jaxpr_work
+from optkit.onnx._base.limits import MAX_TRIP_COUNT, jaxpr_as_fun, jaxpr_work
 from optkit.onnx._base.values import as_static
 from optkit.onnx._ops._common import body_runner, sharded_like
 from optkit.onnx._ops._registry import FLOAT16_KERNEL, Family, Float16
@@ -56,13 +56,27 @@ def _concrete(values) -> bool:
                              as_static(v) is not None) for v in values)
 
 
-def _checked_step(ctx, step, length: int, *args) -> Any:
-    """The output shapes of one iteration's ``step``; ``length`` iterations of its work refused when above
-    ``max_node_work``, before anything runs."""
+def _traced_once(step, *args) -> tuple[Any, Any, Any]:
+    """``step`` traced once for ``args``: ``(closed jaxpr, output shapes, replay)``, ``replay(*args)`` evaluating
+    the jaxpr. A loop built from ``replay`` does not run the body's converter again, so loops nested ``d`` deep
+    trace the innermost body once per level (``d`` times), not once per trace of each enclosing level (``3**d``:
+    8 levels of a 2-iteration Loop took 30 s to trace)."""
     closed, shapes = jax.make_jaxpr(step, return_shape=True)(*args)
+    tree, as_fun = jax.tree.structure(shapes), jaxpr_as_fun(closed)
+
+    def replay(*values):
+        return jax.tree.unflatten(tree, as_fun(*jax.tree.leaves(values)))
+
+    return closed, shapes, replay
+
+
+def _checked_step(ctx, step, length: int, *args) -> tuple[Any, Any]:
+    """One iteration's ``step`` traced once: its output shapes and its replay (:func:`_traced_once`), ``length``
+    iterations of its work refused when above ``max_node_work``, before anything runs."""
+    closed, shapes, replay = _traced_once(step, *args)
     each = max(jaxpr_work(closed), 1)
     ctx.check_work(length * each, f"{length} iterations of its body, which computes {each} elements in each")
-    return shapes
+    return shapes, replay
 
 
 def _single(outputs: tuple) -> Any:
@@ -145,10 +159,11 @@ def _scan_core(ctx, run, states, scans, in_axes, in_dirs, out_axes, out_dirs, n_
         out = run(*carry, *xs)
         return _carried(ctx, out[:len(carry)], carry, "state"), tuple(jnp.asarray(o) for o in out[len(carry):])
 
-    shapes = _checked_step(ctx, step, length, init, tuple(x[0] for x in moved))[1]
+    shapes, replay = _checked_step(ctx, step, length, init, tuple(x[0] for x in moved))
+    shapes = shapes[1]
     for shape, name in zip(shapes, ctx.outputs[len(init):]):
         ctx.check_size((length, *shape.shape), shape.dtype, f"scan output {name!r}")
-    final, stacked = lax.scan(step, init, tuple(moved), length=length)
+    final, stacked = lax.scan(replay, init, tuple(moved), length=length)
     outs = []
     for y, axis, direction in zip(stacked, out_axes, out_dirs):
         y = jnp.flip(y, 0) if direction else y
@@ -314,23 +329,28 @@ def _loop_traced(ctx, body, captured, trip, trip_count, cond, values, n, k):
     outer_true = cond is None or (as_static(cond) is not None and bool(np.reshape(as_static(cond), -1)[0]))
     if cond is not None and as_static(cond) is not None and not outer_true:
         trip = 0
-    constant = outer_true and _constant_true_condition(run, n, init)
 
     def fixed(out, carry):
         return _carried(ctx, out, carry, "loop-carried value")
 
+    found = []  # the condition the body gives when given True: a NumPy True when it cannot change
+
+    def step(carry, i):
+        out = run(i, np.asarray(True), *carry)
+        found.append(None if isinstance(out[0], jax.core.Tracer) else as_static(out[0]))
+        return fixed(out[1:1 + n], carry), tuple(jnp.asarray(y) for y in out[1 + n:])
+
+    if outer_true:  # (traced once: the constant check and the scan's step are the same trace)
+        closed, shapes, replay = _traced_once(step, init, jnp.zeros((), _counter()))
+    constant = outer_true and found[0] is not None and bool(np.all(found[0]))
     if trip is not None and constant:
         if trip > MAX_TRIP_COUNT:
             raise ctx.error(f"a trip count of {trip} is more than optkit.onnx runs ({MAX_TRIP_COUNT})")
-
-        def step(carry, i):
-            out = run(i, np.asarray(True), *carry)
-            return fixed(out[1:1 + n], carry), tuple(jnp.asarray(y) for y in out[1 + n:])
-
-        shapes = _checked_step(ctx, step, trip, init, jnp.zeros((), _counter()))[1]
-        for shape, name in zip(shapes, ctx.outputs[n:]):
+        each = max(jaxpr_work(closed), 1)
+        ctx.check_work(trip * each, f"{trip} iterations of its body, which computes {each} elements in each")
+        for shape, name in zip(shapes[1], ctx.outputs[n:]):
             ctx.check_size((trip, *shape.shape), shape.dtype, f"scan output {name!r}")
-        final, stacked = lax.scan(step, init, jnp.arange(trip, dtype=_counter()), length=trip)
+        final, stacked = lax.scan(replay, init, jnp.arange(trip, dtype=_counter()), length=trip)
         return _single((*final, *stacked))
     if k:
         raise ValueDependentError(ctx.message(
@@ -347,8 +367,8 @@ def _loop_traced(ctx, body, captured, trip, trip_count, cond, values, n, k):
             kept = tuple(jnp.where(going, a, b) for a, b in zip(new, carry))
             return (jnp.logical_and(going, jnp.reshape(out[0], ()).astype(bool)), kept), ()
 
-        _checked_step(ctx, masked, trip, (c0, init), jnp.zeros((), _counter()))
-        (_, final), _ = lax.scan(masked, (c0, init), jnp.arange(trip, dtype=_counter()), length=trip)
+        replay = _checked_step(ctx, masked, trip, (c0, init), jnp.zeros((), _counter()))[1]
+        (_, final), _ = lax.scan(replay, (c0, init), jnp.arange(trip, dtype=_counter()), length=trip)
         return _single(final)
     if trip is not None:  # known: at most what the counter holds (int32 with 64-bit mode off, never wrapped:
         limit = jnp.asarray(min(trip, int(np.iinfo(_counter()).max)), _counter())  # torch.onnx: 2^63 - 1)
@@ -362,10 +382,10 @@ def _counter() -> np.dtype:
     return np.dtype(jax.dtypes.canonicalize_dtype(jnp.int64))
 
 
-def _iteration_cap(ctx, step, state) -> int:
+def _iteration_cap(ctx, closed) -> int:
     """The iterations a compiled condition-driven loop may run: :data:`MAX_TRIP_COUNT`, and ``max_node_work`` over
-    the elements its body computes in one."""
-    each = max(jaxpr_work(jax.make_jaxpr(step)(state)), 1)
+    the elements its body (``closed``, its jaxpr) computes in one."""
+    each = max(jaxpr_work(closed), 1)
     return int(max(1, min(MAX_TRIP_COUNT, ctx.max_node_work // each, np.iinfo(_counter()).max)))
 
 
@@ -399,12 +419,13 @@ def _while(ctx, body, captured, n, limit, c0, init):
             return i + 1, jnp.reshape(out[0], ()).astype(bool), _carried(ctx, out[1:1 + n], carry, "loop-carried value")
 
         state = (jnp.zeros((), _counter()), c0, init)
-        cap = _iteration_cap(ctx, step, state)
+        closed, _, replay = _traced_once(step, state)
+        cap = _iteration_cap(ctx, closed)
 
         def bounded(state):
             return jnp.logical_and(keep_going(state), state[0] < cap)
 
-        i, going, final = lax.while_loop(bounded, step, state)
+        i, going, final = lax.while_loop(bounded, replay, state)
         jax.debug.callback(functools.partial(_past_cap, ctx, cap), jnp.logical_and(keep_going((i, going, ())),
                                                                                    i >= cap))
         return final
