@@ -200,11 +200,11 @@ def _counted(v, w):
 
 def _nested_deep(depth: int, trip: int):
     """Loops nested ``depth`` deep, each of ``trip`` iterations, the innermost computing ``v @ W`` by a counting
-    custom operator (``com.example::Counted``)."""
-    optkit.onnx.register_op("com.example", "Counted", _counted, replace=True)
+    custom operator (``org.optkit.tests.work::Counted``, a domain of its own: registrations are process-wide)."""
+    optkit.onnx.register_op("org.optkit.tests.work", "Counted", _counted, replace=True)
     body = helper.make_graph(
         [helper.make_node("Identity", ["c"], ["co"]), helper.make_node("Counted", ["v", "W"], ["vo"],
-                                                                        domain="com.example")],
+                                                                        domain="org.optkit.tests.work")],
         "leaf", [_f("j", dtype=TensorProto.INT64), _f("c", dtype=TensorProto.BOOL), _f("v", [4, 8])],
         [_f("co", dtype=TensorProto.BOOL), _f("vo", [4, 8])])
     for d in range(depth - 1):
@@ -219,7 +219,7 @@ def _nested_deep(depth: int, trip: int):
                       [numpy_helper.from_array(np.array(trip, np.int64), "T"),
                        numpy_helper.from_array(np.array(True), "t"),
                        numpy_helper.from_array(np.eye(8, dtype=np.float32)[::-1].copy(), "W")],
-                      opsets=(("", 17), ("com.example", 1)))
+                      opsets=(("", 17), ("org.optkit.tests.work", 1)))
 
 
 def test_loops_nested_8_deep_trace_each_body_once_per_level():
