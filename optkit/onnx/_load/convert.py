@@ -204,9 +204,8 @@ def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope) -> t
         spec.accepts.check_attributes(ctx)
     try:
         built = spec.builder(ctx)
-    except (KeyError, IndexError, ValueError, TypeError, ZeroDivisionError, OverflowError) as err:
-        if str(err).startswith(ctx.where) or type(err) not in (KeyError, IndexError, ValueError, TypeError,
-                                                              ZeroDivisionError, OverflowError):
+    except _BUILDER_ERRORS as err:
+        if str(err).startswith(ctx.where) or type(err) not in _BUILDER_ERRORS:
             raise  # named already (optkit's own errors), or a subclass with a meaning of its own
         # (attributes that do not fit together, found by the operator's builder as it reads them)
         raise ValueError(ctx.message(f"its attributes do not fit together: {type(err).__name__}: {err}")) from err
@@ -229,6 +228,11 @@ def _add_node(graph: Graph, node: onnx.NodeProto, index: int, scope: Scope) -> t
         lambda: spec.builder(dataclasses.replace(ctx, channels_last=True)), inputs, extra, fused_with,
         lambda fn, count: _node_function(fn, ctx, spec, schema, count, extra, scope.limits.max_tensor_bytes)))
     return spec, captures
+
+
+# The plain errors an operator's builder raises reading attributes that do not fit together (a tree ensemble's
+# leaf naming no node: KeyError): re-raised as a ValueError naming the node.
+_BUILDER_ERRORS = (KeyError, IndexError, ValueError, TypeError, ZeroDivisionError, OverflowError)
 
 
 def _node_function(fn, ctx: NodeContext, spec: OpSpec, schema: Any, count: int, extra: list[str], limit: int):

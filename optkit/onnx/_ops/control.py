@@ -70,12 +70,17 @@ def _traced_once(step, *args) -> tuple[Any, Any, Any]:
     return closed, shapes, replay
 
 
+def _check_iterations(ctx, closed, length: int) -> None:
+    """``length`` iterations of a body (``closed``, its jaxpr) refused when their work is above ``max_node_work``."""
+    each = max(jaxpr_work(closed), 1)
+    ctx.check_work(length * each, f"{length} iterations of its body, which computes {each} elements in each")
+
+
 def _checked_step(ctx, step, length: int, *args) -> tuple[Any, Any]:
     """One iteration's ``step`` traced once: its output shapes and its replay (:func:`_traced_once`), ``length``
     iterations of its work refused when above ``max_node_work``, before anything runs."""
     closed, shapes, replay = _traced_once(step, *args)
-    each = max(jaxpr_work(closed), 1)
-    ctx.check_work(length * each, f"{length} iterations of its body, which computes {each} elements in each")
+    _check_iterations(ctx, closed, length)
     return shapes, replay
 
 
@@ -288,8 +293,9 @@ def _loop_eagerly(ctx, run, nodes, trip, cond, values, n, k):
             keep_going = bool(np.reshape(np.asarray(out[0]), -1)[0])
             carried = list(out[1:1 + n])
             for j, y in enumerate(out[1 + n:]):
-                stacked[j].append(np.asarray(y))  # (stacked on the host at the end: one copy, no XLA concatenate)
-                ctx.check_size((len(stacked[j]), *np.shape(y)), np.asarray(y).dtype, f"scan output {j}")
+                y = np.asarray(y)  # (stacked on the host at the end: one copy, no XLA concatenate of them all)
+                stacked[j].append(y)
+                ctx.check_size((len(stacked[j]), *y.shape), y.dtype, f"scan output {j}")
             i += 1
     scans = []
     for j, ys in enumerate(stacked):
@@ -346,8 +352,7 @@ def _loop_traced(ctx, body, captured, trip, trip_count, cond, values, n, k):
     if trip is not None and constant:
         if trip > MAX_TRIP_COUNT:
             raise ctx.error(f"a trip count of {trip} is more than optkit.onnx runs ({MAX_TRIP_COUNT})")
-        each = max(jaxpr_work(closed), 1)
-        ctx.check_work(trip * each, f"{trip} iterations of its body, which computes {each} elements in each")
+        _check_iterations(ctx, closed, trip)
         for shape, name in zip(shapes[1], ctx.outputs[n:]):
             ctx.check_size((trip, *shape.shape), shape.dtype, f"scan output {name!r}")
         final, stacked = lax.scan(replay, init, jnp.arange(trip, dtype=_counter()), length=trip)
