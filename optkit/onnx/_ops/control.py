@@ -8,8 +8,7 @@ gets their values as ``captured``), the same bounds. How each runs:
 - ``If``: the branch its condition picks when the condition is known before
   running (folded at load time when everything is); ``lax.cond`` otherwise,
   whose branches must give the same shapes and dtypes.
-- ``Scan``: ``lax.scan`` over the scan axis (any axis, either direction);
-  differentiable.
+- ``Scan``: ``lax.scan`` over the scan axis (any axis, either direction); differentiable.
 - ``Loop``: run op by op in Python when every value is concrete (between
   ``prepare``'s compiled segments, or with ``jit=False``: every ONNX semantics, values whose shape changes per
   iteration and data-dependent lengths included). Traced: ``lax.scan`` when

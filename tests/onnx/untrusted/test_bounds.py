@@ -365,7 +365,9 @@ def _function_bomb(depth):
 def test_a_model_at_the_function_expansion_bound_loads_in_seconds():
     start = time.perf_counter()
     optkit.onnx.prepare(_function_bomb(16))  # 65,536 nodes, under the 100,000 bound
-    assert time.perf_counter() - start < 30
+    # A guard against work that grows faster than the node count (quadratic would take hours), not a timing:
+    # ~20 s on 2 idle cores, 31 s on CI's busy ones.
+    assert time.perf_counter() - start < 120
     with pytest.raises(ValueError, match="expand it to more than 100000 nodes"):
         optkit.onnx.prepare(_function_bomb(17))
 
