@@ -28,6 +28,8 @@ import ``onnx``.
 - :func:`make_training_model` — an inference model plus a loss, a Gradient node and an optimizer
   node over its initializers; :func:`next_feeds` carries a step's new weights and state into the next;
   :func:`with_initializers` writes trained weights back;
+- :func:`with_adapter_inputs`, :func:`export_adapters`, :func:`with_adapter_inputs_folder` — LoRA adapters as
+  ONNX Runtime serves them: a base model with adapter inputs and one ``.onnx_adapter`` file per fine-tune;
 - :func:`supported_ops` — the op table's ``(domain, op_type, since_version)`` rows;
 - :func:`register_op` / :func:`unregister_op` — a JAX function for an operator of your own or a vendor's;
 - :class:`UnsupportedOpError` — raised for operators, versions or types optkit does not run;
@@ -62,6 +64,12 @@ except ImportError as _err:
         'pip install "optkit[onnx]"'
     ) from _err
 
+from optkit.onnx._adapter_files import (
+    adapter_input_names,
+    export_adapters,
+    with_adapter_inputs,
+    with_adapter_inputs_folder,
+)
 from optkit.onnx._backend import Backend, BackendRep, prepare, run_model, run_node
 from optkit.onnx._base.errors import TensorTooLargeError, UnsupportedOpError
 from optkit.onnx._base.limits import GRADIENT_DEPTH_CEILING, MAX_GRADIENT_DEPTH, default_max_tensor_bytes
@@ -86,7 +94,9 @@ __all__ = [
     "OnnxModule",
     "TensorTooLargeError",
     "UnsupportedOpError",
+    "adapter_input_names",
     "default_max_tensor_bytes",
+    "export_adapters",
     "load_model",
     "make_training_model",
     "next_feeds",
@@ -98,6 +108,8 @@ __all__ = [
     "to_graph",
     "to_jax",
     "unregister_op",
+    "with_adapter_inputs",
+    "with_adapter_inputs_folder",
     "with_initializers",
 ]
 

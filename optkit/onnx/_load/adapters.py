@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["LoRA", "add_adapters", "adapter_targets", "write_adapters", "ADAPTER_DOMAIN"]
+__all__ = ["LoRA", "add_adapters", "adapter_targets", "checked_adapters", "rewired", "write_adapters", "ADAPTER_DOMAIN"]
 
 ADAPTER_DOMAIN = "ai.optkit"
 _FLOAT = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
@@ -194,7 +194,7 @@ def _names(weight: str) -> tuple[str, str]:
     return f"{weight}.lora_A", f"{weight}.lora_B"
 
 
-def _rewired(model: onnx.ModelProto, targets: Sequence[_Target], build) -> onnx.ModelProto:
+def rewired(model: onnx.ModelProto, targets: Sequence[_Target], build) -> onnx.ModelProto:
     """A copy of ``model`` in which each target node's output ``y`` is renamed ``y.lora_base`` and the nodes
     ``build(target, x, base, y)`` returns follow it (``y = base + adapter term``)."""
     new = onnx.ModelProto()
@@ -249,11 +249,38 @@ def add_adapters(model: onnx.ModelProto, lora: LoRA, key: Any = None) -> tuple[o
                                  scale=lora.scale * t.gain, dropout=float(lora.dropout), trans_x=int(t.trans_x)),
                 helper.make_node("Add", [base, delta], [y], name=f"{y}.lora_add")]
 
-    new = _rewired(model, targets, build)
+    new = rewired(model, targets, build)
     new.graph.initializer.extend(initializers)
     if not any(o.domain == ADAPTER_DOMAIN for o in new.opset_import):
         new.opset_import.append(helper.make_opsetid(ADAPTER_DOMAIN, 1))
     return new, tuple(names)
+
+
+def checked_adapters(targets: Sequence[_Target], values: Mapping[str, Any],
+                     lora: LoRA) -> tuple[dict[str, _Target], set[str]]:
+    """The first target of each adapted weight, and the weights that ``values`` holds adapters of (``<W>.lora_A``
+    and ``<W>.lora_B``), each pair checked against ``targets`` (:func:`adapter_targets`).
+
+    Raises:
+      ValueError: an adapter without its pair, of another shape than the weight and ``lora.rank`` give, or for
+        a weight that ``lora`` does not adapt.
+    """
+    by_weight: dict[str, _Target] = {}
+    for t in targets:
+        by_weight.setdefault(t.weight, t)
+    weights = {name.rsplit(".lora_", 1)[0] for name in values if name.endswith((".lora_A", ".lora_B"))}
+    for weight in sorted(weights):
+        a_name, b_name = _names(weight)
+        if a_name not in values or b_name not in values:
+            raise ValueError(f"the adapter of {weight!r} needs both {a_name!r} and {b_name!r}")
+        if weight not in by_weight:
+            raise ValueError(f"{a_name!r} adapts {weight!r}, which is not a weight that {lora} adapts in this model")
+        t = by_weight[weight]
+        for name, shape in ((a_name, (t.fan_in, lora.rank)), (b_name, (lora.rank, t.fan_out))):
+            if tuple(np.shape(values[name])) != shape:
+                raise ValueError(f"{name!r} has shape {tuple(np.shape(values[name]))}; rank {lora.rank} on {weight!r} "
+                                 f"needs {shape}")
+    return by_weight, weights
 
 
 def write_adapters(model: onnx.ModelProto, values: Mapping[str, Any], lora: LoRA,
@@ -274,22 +301,7 @@ def write_adapters(model: onnx.ModelProto, values: Mapping[str, Any], lora: LoRA
         weight that ``lora`` does not adapt in ``model``.
     """
     targets = adapter_targets(model, lora)
-    by_weight: dict[str, _Target] = {}
-    for t in targets:
-        by_weight.setdefault(t.weight, t)
-    given = {name for name in values if name.endswith((".lora_A", ".lora_B"))}
-    weights = {name.rsplit(".lora_", 1)[0] for name in given}
-    for weight in sorted(weights):
-        a_name, b_name = _names(weight)
-        if a_name not in values or b_name not in values:
-            raise ValueError(f"the adapter of {weight!r} needs both {a_name!r} and {b_name!r}")
-        if weight not in by_weight:
-            raise ValueError(f"{a_name!r} adapts {weight!r}, which is not a weight that {lora} adapts in this model")
-        t = by_weight[weight]
-        for name, shape in ((a_name, (t.fan_in, lora.rank)), (b_name, (lora.rank, t.fan_out))):
-            if tuple(np.shape(values[name])) != shape:
-                raise ValueError(f"{name!r} has shape {tuple(np.shape(values[name]))}; rank {lora.rank} on {weight!r} "
-                                 f"needs {shape}")
+    by_weight, weights = checked_adapters(targets, values, lora)
     merged: dict[str, np.ndarray] = {}
     branched = [t for t in targets if t.weight in weights and (t.quantized or not merge)]
     inits = {t.name: t for t in model.graph.initializer}
@@ -316,7 +328,7 @@ def write_adapters(model: onnx.ModelProto, values: Mapping[str, Any], lora: LoRA
             helper.make_node("Mul", [f"{y}.lora_xab", f"{y}.lora_scale"], [f"{y}.lora_delta"], name=f"{y}.lora_mul"),
             helper.make_node("Add", [base, f"{y}.lora_delta"], [y], name=f"{y}.lora_add")]
 
-    new = _rewired(model, branched, build)
+    new = rewired(model, branched, build)
     written = set()
     for t in branched:
         dtype = helper.tensor_dtype_to_np_dtype(t.dtype)
