@@ -105,7 +105,7 @@ def test_a_float8_qdq_pair_equals_onnx_reference(name):
 
 # ------------------------------------------------------------------ dynamic quantization (quantize_dynamic)
 
-DYNAMIC = ("llama", "gpt2", "bert")
+DYNAMIC = ("llama", "gpt2", "bert", "phi3")  # phi3: onnxruntime-genai's builder's model (GroupQueryAttention)
 
 
 def _feeds(model, data):

@@ -10,7 +10,8 @@ asymmetric: uint8 zero points) turns the torch.onnx LLaMA (dynamo) and BERT (Tor
 initializer becomes a com.microsoft ``MatMulNBits``), with ONNX Runtime's outputs in the ``.npz`` of
 the same name. ``quantize_dynamic`` (its defaults: int8 weights per tensor, each MatMul's activation through
 ``DynamicQuantizeLinear`` into ``MatMulInteger``) turns the LLaMA (dynamo), GPT-2 (dynamo) and BERT
-(TorchScript) exports into ``quantized/ort_int8_{llama,gpt2,bert}.onnx``, likewise with ONNX Runtime's outputs.
+(TorchScript) exports, and onnxruntime-genai's builder's Phi-3 (``genai/phi3_fp32``), into
+``quantized/ort_int8_{llama,gpt2,bert,phi3}.onnx``, likewise with ONNX Runtime's outputs.
 Needs onnxruntime (optkit's test extra) and, for the int4 files, ``onnx_ir``; the files are committed:
 
     python tests/onnx/models/make_quantized.py
@@ -57,6 +58,7 @@ def main() -> None:
     int8 = {name: _int8(name, source) for name, source in (("llama", "torch_dynamo_llama"),
                                                            ("gpt2", "torch_dynamo_gpt2"),
                                                            ("bert", "torch_torchscript_bert"))}
+    int8["phi3"] = _int8_genai("phi3", "phi3_fp32")
     (OUT / "versions.json").write_text(json.dumps(
         {"onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__, "source": source.name, "ops": ops,
          "int4": int4, "int8": int8}, indent=1, sort_keys=True) + "\n")
@@ -90,6 +92,26 @@ def _int8(name: str, source: str) -> dict:
     quantize_dynamic(str(HERE / f"{source}.onnx"), str(target))
     model = _save_outputs(target, source)
     return {"source": f"{source}.onnx", "weight_type": "QInt8", "per_channel": False,
+            "MatMulInteger": sum(n.op_type == "MatMulInteger" for n in model.graph.node)}
+
+
+def _int8_genai(name: str, folder: str) -> dict:
+    """``quantized/ort_int8_<name>.onnx`` from onnxruntime-genai's builder folder ``genai/<folder>`` (its
+    ``model.onnx`` and external data) by ``quantize_dynamic`` (its defaults), and ONNX Runtime's outputs (the
+    prefill step) on the folder's saved feeds (``outputs.npz``'s ``feeds:*``)."""
+    import onnx
+    import onnxruntime
+    from onnxruntime.quantization import quantize_dynamic
+
+    target = OUT / f"ort_int8_{name}.onnx"
+    quantize_dynamic(str(HERE / "genai" / folder / "model.onnx"), str(target))
+    model = onnx.load(str(target))
+    saved = np.load(HERE / "genai" / folder / "outputs.npz")
+    feeds = {i.name: saved[f"feeds:{i.name}"] for i in model.graph.input}
+    session = onnxruntime.InferenceSession(str(target), providers=["CPUExecutionProvider"])
+    np.savez(target.with_suffix(".npz"), **feeds, **{f"output:{o.name}": v
+                                                     for o, v in zip(model.graph.output, session.run(None, feeds))})
+    return {"source": f"genai/{folder}/model.onnx", "weight_type": "QInt8", "per_channel": False,
             "MatMulInteger": sum(n.op_type == "MatMulInteger" for n in model.graph.node)}
 
 
