@@ -81,16 +81,25 @@ def greedy_jax(decoder: Decoder, apply_fn, params, prompt: np.ndarray, tokens: i
     return np.concatenate(out, axis=1)
 
 
-def greedy_onnx_runtime(decoder: Decoder, prompt: np.ndarray, tokens: int) -> np.ndarray:
-    """The same greedy decoding by ONNX Runtime, its cache growing by one position a step."""
+def greedy_onnx_runtime(decoder: Decoder, prompt: np.ndarray, tokens: int, adapter: pathlib.Path | None = None
+                        ) -> np.ndarray:
+    """The same greedy decoding by ONNX Runtime, its cache growing by one position a step; ``adapter``: an
+    ``.onnx_adapter`` file active in every run (``RunOptions.add_active_adapter``)."""
     import onnxruntime
 
-    session = onnxruntime.InferenceSession(str(decoder.path), providers=["CPUExecutionProvider"])
+    options = onnxruntime.RunOptions()
+    if adapter is not None:
+        lora = onnxruntime.LoraAdapter()
+        lora.Load(str(adapter))
+        options.add_active_adapter(lora)
+    session_options = onnxruntime.SessionOptions()
+    session_options.log_severity_level = 3  # (adapter inputs with defaults: ONNX Runtime warns of each)
+    session = onnxruntime.InferenceSession(str(decoder.path), session_options, providers=["CPUExecutionProvider"])
     feeds = {"input_ids": prompt, "attention_mask": np.ones_like(prompt), **decoder.cache(len(prompt), 0)}
     names = [o.name for o in session.get_outputs()]
     out = []
     for _ in range(tokens):
-        results = dict(zip(names, session.run(None, feeds)))
+        results = dict(zip(names, session.run(None, feeds, options)))
         ids = results[decoder.logits][:, -1].argmax(-1).astype(np.int64)[:, None]
         out.append(ids)
         feeds = {"input_ids": ids, "attention_mask": np.concatenate([feeds["attention_mask"], np.ones_like(ids)], 1)}
@@ -98,8 +107,10 @@ def greedy_onnx_runtime(decoder: Decoder, prompt: np.ndarray, tokens: int) -> np
     return np.concatenate(out, axis=1)
 
 
-def greedy_genai(folder: pathlib.Path, prompt: np.ndarray, tokens: int) -> np.ndarray | None:
-    """onnxruntime-genai's own greedy generation (None when it is not installed)."""
+def greedy_genai(folder: pathlib.Path, prompt: np.ndarray, tokens: int, adapter: pathlib.Path | None = None
+                 ) -> np.ndarray | None:
+    """onnxruntime-genai's own greedy generation (None when it is not installed); ``adapter``: an
+    ``.onnx_adapter`` file loaded into ``og.Adapters`` and made each generator's active one."""
     try:
         import onnxruntime_genai as og
     except ImportError:
@@ -107,9 +118,15 @@ def greedy_genai(folder: pathlib.Path, prompt: np.ndarray, tokens: int) -> np.nd
     model = og.Model(str(folder))
     params = og.GeneratorParams(model)
     params.set_search_options(do_sample=False, max_length=prompt.shape[1] + tokens)
+    adapters, name = None, adapter.stem if adapter is not None else ""
+    if adapter is not None:
+        adapters = og.Adapters(model)
+        adapters.load(str(adapter), name)
     out = []
     for row in prompt:
         generator = og.Generator(model, params)
+        if adapters is not None:
+            generator.set_active_adapter(adapters, name)
         generator.append_tokens(row.astype(np.int32))
         while not generator.is_done():
             generator.generate_next_token()

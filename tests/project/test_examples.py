@@ -109,3 +109,24 @@ def test_onnx_lora_fine_tunes_the_int4_genai_model_and_onnx_runtime_runs_what_it
     np.testing.assert_allclose(result["ort_logits"], result["logits"], rtol=1e-5,
                                atol=1e-5 * np.abs(result["logits"]).max())
     np.testing.assert_array_equal(result["ort_tokens"], result["tokens"])
+
+
+def test_onnx_adapters_serves_two_fine_tunes_of_one_int4_base_by_adapter_file(tmp_path):
+    """Two adapter files on one base: each lowers its own text's held-out loss most; ONNX Runtime with either
+    active gives apply_fn's logits and greedy tokens (onnxruntime-genai too where installed); none active, the
+    builder's model."""
+    from examples import onnx_adapters
+
+    result = onnx_adapters.main(["--steps", "100", "--out", str(tmp_path)])
+    losses = result["losses"]
+    for own, other in (("textwrap", "pydoc"), ("pydoc", "textwrap")):
+        assert losses[own, own] < losses[other, own] < losses["none", own] - 1.0, losses
+    assert {p.name for p in result["files"].values()} == {"textwrap.onnx_adapter", "pydoc.onnx_adapter"}
+    pytest.importorskip("onnxruntime")
+    for name in result["files"]:
+        want = result["logits"][name]
+        np.testing.assert_allclose(result["ort_logits"][name], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        np.testing.assert_array_equal(result["ort_tokens"][name], result["tokens"][name])
+        if result["genai_tokens"]:
+            np.testing.assert_array_equal(result["genai_tokens"][name], result["tokens"][name])
+    np.testing.assert_array_equal(result["ort_base_logits"], result["ort_builder_logits"])
