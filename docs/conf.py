@@ -77,7 +77,7 @@ suppress_warnings = ["myst.header"]
 nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"'?(jax|jaxlib|optax|chex|flax|numpy|np|onnx|google\.protobuf|ml_dtypes)(\..*)?'?"),
-    (r"py:.*", r"(collections\.abc|typing|os|io|types|dataclasses)\..*"),
+    (r"py:.*", r"(collections\.abc|typing|os|io|types|dataclasses|pathlib)\..*"),
     (r"py:.*", r"(Array|ArrayLike|DTypeLike|PyTreeDef|Tracer|Device|Sharding|NamedSharding|PartitionSpec)"),
     (r"py:.*", r"(IO|Callable|Mapping|Sequence|Iterable|Iterator|NamedTuple|Any)"),
     # internal types of optkit.onnx's load pipeline in BackendRep's signature (made by optkit.onnx.prepare)
