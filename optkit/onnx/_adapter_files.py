@@ -123,9 +123,10 @@ def with_adapter_inputs(model: ModelSource | Any, lora: LoRA) -> onnx.ModelProto
     Each adapted node's output ``y`` becomes ``y + MatMul(MatMul(x, A), B)`` in standard operators (``x`` the
     node's activation: a ``Gemm``'s ``transA`` applied, a dynamically quantized matmul's float input; a ``Gemm``'s
     ``alpha`` applied to the branch too), the base weights bit for bit as they were, float, ``MatMulNBits``
-    (4- and 8-bit) or ``MatMulInteger`` alike. ``A`` is declared ``[in, "lora_r"]`` and ``B`` ``["lora_r", out]``
-    in the activation's dtype, named by :func:`adapter_input_names`; each has a default of rank 0 (an empty
-    initializer), so the model runs with no adapter fed and gives the original outputs.
+    (4- and 8-bit), ``MatMulInteger`` or QDQ (``DequantizeLinear`` into ``MatMul``) alike. ``A`` is declared
+    ``[in, "lora_r"]`` and ``B`` ``["lora_r", out]`` in the activation's dtype, named by
+    :func:`adapter_input_names`; each has a default of rank 0 (an empty initializer), so the model runs with no
+    adapter fed and gives the original outputs.
 
     Args:
       model: the original model (a ``ModelProto``, a path with its external data, bytes; not modified): the

@@ -8,7 +8,8 @@ Each adapted weight ``W`` (``in x out`` as the matmul applies it) gets ``A`` (``
 (float64 for a DOUBLE weight), the base weight left as the file holds it (a constant in its dtype and
 packing; ``MatMulNBits``' 4- and 8-bit blocks stay packed). The int8 weight of a dynamically quantized matmul
 (``quantize_dynamic``'s ``DynamicQuantizeLinear`` into ``MatMulInteger``, cast and scaled) gets its adapter on the
-float activation, added after the ``Mul`` by the scales.
+float activation, added after the ``Mul`` by the scales; the 8-bit weight that a ``DequantizeLinear`` feeds to a
+``MatMul`` (``quantize_static``'s QDQ format) gets its adapter on the ``MatMul``'s activation.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class LoRA:
         name and the node's name; a weight is adapted when either matches one. None (default): every 2-D
         float weight that a ``MatMul`` or ``Gemm`` reads as its second input, every ``MatMulNBits``
         weight (com.microsoft, 4- and 8-bit) and every int8 weight of a dynamically quantized matmul
-        (``DynamicQuantizeLinear`` into ``MatMulInteger``, as ``quantize_dynamic`` writes it).
+        (``DynamicQuantizeLinear`` into ``MatMulInteger``, as ``quantize_dynamic`` writes it) and every 2-D 8-bit
+        weight that a ``DequantizeLinear`` feeds to a ``MatMul`` (the QDQ format of ``quantize_static``).
       dropout: the rate of dropout on the adapter's input (PEFT's ``lora_dropout``), in [0, 1); drawn from
         the run's key (``apply_fn(..., rng=key)``, an ``OnnxModule``'s ``nnx.Rngs``), off without one.
       seed: the seed of ``A``'s initial values for :func:`~optkit.onnx.to_jax` (an ``OnnxModule`` draws
@@ -95,7 +97,7 @@ class _Target:
     trans_x: bool  # Gemm with transA: the activation is the node's first input transposed
     trans_w: bool  # Gemm with transB: W is stored (out, in)
     gain: float  # Gemm's alpha: the node scales x @ W by it
-    quantized: bool  # MatMulNBits, MatMulInteger: merged into the weight only as a side branch
+    quantized: bool  # MatMulNBits, MatMulInteger, QDQ: merged into the weight only as a side branch
     dtype: int  # the activation's element type (the weight's, MatMulNBits' scales', the Cast's after MatMulInteger)
     x: str = ""  # the activation when it is not the node's first input (a DynamicQuantizeLinear's float input)
 
@@ -142,13 +144,32 @@ def _dynamic_matmuls(graph: onnx.GraphProto, inits: Mapping[str, onnx.TensorProt
     return found
 
 
+def _dequantized(graph: onnx.GraphProto, inits: Mapping[str, onnx.TensorProto]) -> dict[str, _Target]:
+    """The 2-D 8-bit weight initializers that a ``DequantizeLinear`` turns into a ``MatMul``'s weight (the QDQ
+    format of ``quantize_static``), as targets without a node, by the ``DequantizeLinear``'s output."""
+    found = {}
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type != "DequantizeLinear" or len(node.input) < 2:
+            continue
+        w, scale = inits.get(node.input[0]), inits.get(node.input[1])
+        if w is not None and len(w.dims) == 2 and w.data_type in (TensorProto.INT8, TensorProto.UINT8):
+            dtype = scale.data_type if scale is not None else TensorProto.FLOAT
+            found[node.output[0]] = _Target(-1, w.name, int(w.dims[0]), int(w.dims[1]), False, False, 1.0, True, dtype)
+    return found
+
+
 def _candidates(graph: onnx.GraphProto) -> list[_Target]:
     inits = {t.name: t for t in graph.initializer}
     dynamic = _dynamic_matmuls(graph, inits)
+    qdq = _dequantized(graph, inits)
     found = []
     for index, node in enumerate(graph.node):
         if index in dynamic:
             found.append(dynamic[index])
+            continue
+        if (node.domain in ("", "ai.onnx") and node.op_type == "MatMul" and len(node.input) == 2
+                and node.input[1] in qdq):
+            found.append(dataclasses.replace(qdq[node.input[1]], node=index))
             continue
         if len(node.input) < 2 or node.input[1] not in inits:
             continue
@@ -183,8 +204,8 @@ def adapter_targets(model: onnx.ModelProto, lora: LoRA) -> list[_Target]:
     if not chosen:
         weights = sorted({t.weight for t in found})
         hint = difflib.get_close_matches(lora.targets[0], weights, n=3, cutoff=0.3) if lora.targets else []
-        raise ValueError(f"LoRA targets {list(lora.targets or [])} match no weight of a MatMul, Gemm, MatMulNBits "
-                         f"or dynamically quantized MatMulInteger node; the weights are {weights[:20]}"
+        raise ValueError(f"LoRA targets {list(lora.targets or [])} match no weight of a MatMul, Gemm, MatMulNBits, "
+                         f"dynamically quantized MatMulInteger or QDQ MatMul node; the weights are {weights[:20]}"
                          f"{' ...' if len(weights) > 20 else ''}"
                          + (f" (close: {hint})" if hint else ""))
     return chosen

@@ -32,7 +32,8 @@ FILES = {"gpt2": MODELS / "torch_dynamo_gpt2.onnx", "bert": MODELS / "torch_torc
          "int4_llama": MODELS / "quantized" / "ort_int4_llama.onnx",
          "int4_bert": MODELS / "quantized" / "ort_int4_bert.onnx",
          "int8_llama": MODELS / "quantized" / "ort_int8_llama.onnx",
-         "int8_gpt2": MODELS / "quantized" / "ort_int8_gpt2.onnx"}
+         "int8_gpt2": MODELS / "quantized" / "ort_int8_gpt2.onnx",
+         "qdq_llama": MODELS / "quantized" / "ort_qdq_llama.onnx"}
 IDS = np.random.default_rng(44).integers(0, 100, (2, 8)).astype(np.int64)
 
 
@@ -77,8 +78,12 @@ def test_params_are_the_adapters_and_the_model_starts_as_exported(name):
     # B = 0: the adapter term is exactly 0; XLA fuses the graph around it differently (float32 rounding).
     want = np.asarray(base_fn(_, IDS))
     np.testing.assert_allclose(apply_fn(params, IDS), want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
-    if name.startswith(("int4", "int8")):  # every quantized matmul's weight, no float copy of it in params
+    if name.startswith(("int4", "int8", "qdq")):  # every quantized matmul's weight, no float copy of it in params
         weights = {n.input[1] for n in model.graph.node if n.op_type in ("MatMulNBits", "MatMulInteger")}
+        inits = {t.name for t in model.graph.initializer}
+        dequantized = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+        weights |= {dequantized[n.input[1]] for n in model.graph.node if n.op_type == "MatMul"
+                    and n.input[1] in dequantized and dequantized[n.input[1]] in inits}
         assert {k.rsplit(".lora_", 1)[0] for k in params} == weights
 
 
@@ -95,7 +100,7 @@ def test_written_back_model_gives_onnx_runtime_the_outputs_of_apply_fn(name, mer
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
     base = np.asarray(optkit.onnx.to_jax(model, trainable=[])[0]({}, IDS))
     assert np.abs(want - base).max() > 1e-3  # the adapters act
-    side_branch = not merge or name.startswith(("int4", "int8"))
+    side_branch = not merge or name.startswith(("int4", "int8", "qdq"))
     assert (len(written.graph.node) > len(model.graph.node)) == side_branch
     if side_branch:  # the base weights bit for bit as they were
         old = {t.name: t.raw_data or numpy_helper.to_array(t).tobytes() for t in model.graph.initializer}

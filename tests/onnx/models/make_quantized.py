@@ -11,7 +11,8 @@ initializer becomes a com.microsoft ``MatMulNBits``), with ONNX Runtime's output
 the same name. ``quantize_dynamic`` (its defaults: int8 weights per tensor, each MatMul's activation through
 ``DynamicQuantizeLinear`` into ``MatMulInteger``) turns the LLaMA (dynamo), GPT-2 (dynamo) and BERT
 (TorchScript) exports, and onnxruntime-genai's builder's Phi-3 (``genai/phi3_fp32``), into
-``quantized/ort_int8_{llama,gpt2,bert,phi3}.onnx``, likewise with ONNX Runtime's outputs.
+``quantized/ort_int8_{llama,gpt2,bert,phi3}.onnx``, likewise with ONNX Runtime's outputs; ``quantize_static``
+in the QDQ format turns the LLaMA export into ``quantized/ort_qdq_llama.onnx``.
 Needs onnxruntime (optkit's test extra) and, for the int4 files, ``onnx_ir``; the files are committed:
 
     python tests/onnx/models/make_quantized.py
@@ -59,9 +60,10 @@ def main() -> None:
                                                            ("gpt2", "torch_dynamo_gpt2"),
                                                            ("bert", "torch_torchscript_bert"))}
     int8["phi3"] = _int8_genai("phi3", "phi3_fp32")
+    qdq = {"llama": _qdq_llama()}
     (OUT / "versions.json").write_text(json.dumps(
         {"onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__, "source": source.name, "ops": ops,
-         "int4": int4, "int8": int8}, indent=1, sort_keys=True) + "\n")
+         "int4": int4, "int8": int8, "qdq": qdq}, indent=1, sort_keys=True) + "\n")
     print(target, ops, int4, int8)
 
 
@@ -93,6 +95,30 @@ def _int8(name: str, source: str) -> dict:
     model = _save_outputs(target, source)
     return {"source": f"{source}.onnx", "weight_type": "QInt8", "per_channel": False,
             "MatMulInteger": sum(n.op_type == "MatMulInteger" for n in model.graph.node)}
+
+
+def _qdq_llama() -> dict:
+    """``quantized/ort_qdq_llama.onnx``: the torch.onnx LLaMA (dynamo) by ``quantize_static`` in the QDQ format
+    (its defaults; calibrated on 8 random batches of token ids), and ONNX Runtime's outputs on the source's saved
+    input."""
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    rng = np.random.default_rng(6)
+
+    class Batches(CalibrationDataReader):
+        def __init__(self):
+            self.left = [{"input": rng.integers(0, 100, (2, 8)).astype(np.int64)} for _ in range(8)]
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+
+    target = OUT / "ort_qdq_llama.onnx"
+    quantize_static(str(HERE / "torch_dynamo_llama.onnx"), str(target), Batches(), quant_format=QuantFormat.QDQ)
+    _save_outputs(target, "torch_dynamo_llama")
+    model = onnx.load(str(target))
+    return {"source": "torch_dynamo_llama.onnx", "format": "QDQ", "calibration": "8 random batches of (2, 8) ids",
+            "DequantizeLinear": sum(n.op_type == "DequantizeLinear" for n in model.graph.node)}
 
 
 def _int8_genai(name: str, folder: str) -> dict:
