@@ -6,7 +6,7 @@ gives ``apply_fn`` of that adapter's params; with none active, the export's own 
 greedy generation with an adapter (``Adapters``, ``Generator.set_active_adapter``) gives JAX's greedy tokens.
 Bases: the committed torch.onnx exports (GPT-2 dynamo: Gemm; BERT TorchScript and LLaMA dynamo: MatMul), their
 int8 (``quantize_dynamic``: MatMulInteger; ``quantize_static``: QDQ) and int4 (``MatMulNBitsQuantizer``) twins,
-Optimum's LLaMA, the GenAI builder's LLaMA and Phi-3 folders (fp32 and int4: MatMulNBits) and its Phi-3 through
+Optimum's LLaMA and GPT-2, the GenAI builder's LLaMA and Phi-3 folders (fp32 and int4: MatMulNBits) and its Phi-3 through
 ``quantize_dynamic``.
 """
 
@@ -30,6 +30,7 @@ import optkit.onnx  # noqa: E402
 from tests.onnx.api.test_lora import FILES, IDS, MODELS, _mlp, _randomized  # noqa: E402
 
 BASES = {**FILES, "llama": MODELS / "torch_dynamo_llama.onnx", "optimum_llama": MODELS / "optimum" / "llama.onnx",
+         "optimum_gpt2": MODELS / "optimum" / "gpt2.onnx",
          "int8_phi3": MODELS / "quantized" / "ort_int8_phi3.onnx",
          **{f"genai_{n}": MODELS / "genai" / n / "model.onnx" for n in ("llama_fp32", "phi3_fp32", "phi3_int4")}}
 
@@ -51,8 +52,8 @@ def _run(session, feeds, *adapters):
 
 def _feeds(name, model):
     """The saved prompt step of a decoder (its past empty), or the token ids."""
-    if name == "optimum_llama":
-        data, key = np.load(MODELS / "optimum" / "llama.npz"), "prompt:{}"
+    if name.startswith("optimum_"):
+        data, key = np.load(BASES[name].with_suffix(".npz")), "prompt:{}"
     elif name.startswith("genai_"):
         data, key = np.load(BASES[name].parent / "outputs.npz"), "feeds:{}"
     elif name == "int8_phi3":
