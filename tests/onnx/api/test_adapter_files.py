@@ -31,6 +31,7 @@ from tests.onnx.api.test_lora import FILES, IDS, MODELS, _mlp, _randomized  # no
 
 BASES = {**FILES, "llama": MODELS / "torch_dynamo_llama.onnx", "optimum_llama": MODELS / "optimum" / "llama.onnx",
          "optimum_gpt2": MODELS / "optimum" / "gpt2.onnx",
+         "int4_gpt2": MODELS / "quantized" / "ort_int4_gpt2.onnx",  # (its Gemms float, its head MatMulNBits)
          "int8_phi3": MODELS / "quantized" / "ort_int8_phi3.onnx",
          **{f"genai_{n}": MODELS / "genai" / n / "model.onnx" for n in ("llama_fp32", "phi3_fp32", "phi3_int4")}}
 

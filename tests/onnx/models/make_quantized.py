@@ -5,9 +5,9 @@ points, int8 weights, per tensor; calibrated on 16 random batches) turns
 ``tests/onnx/models/torch_torchscript_cnn.onnx`` (torch.onnx, TorchScript exporter) into
 ``quantized/ort_qdq_cnn.onnx``; ``quantized/ort_qdq_cnn.npz`` holds an input and ONNX Runtime's output
 on it, and ``quantized/versions.json`` the versions. ``MatMulNBitsQuantizer`` (4-bit, block size 16,
-asymmetric: uint8 zero points) turns the torch.onnx LLaMA (dynamo) and BERT (TorchScript) exports into
-``quantized/ort_int4_llama.onnx`` and ``quantized/ort_int4_bert.onnx`` (every MatMul with a weight
-initializer becomes a com.microsoft ``MatMulNBits``), with ONNX Runtime's outputs in the ``.npz`` of
+asymmetric: uint8 zero points) turns the torch.onnx LLaMA (dynamo), BERT (TorchScript) and GPT-2 (dynamo)
+exports into ``quantized/ort_int4_{llama,bert,gpt2}.onnx`` (every MatMul with a weight initializer becomes a
+com.microsoft ``MatMulNBits``; GPT-2's ``Gemm`` layers stay float, only its head is 4-bit), with ONNX Runtime's outputs in the ``.npz`` of
 the same name. ``quantize_dynamic`` (its defaults: int8 weights per tensor, each MatMul's activation through
 ``DynamicQuantizeLinear`` into ``MatMulInteger``) turns the LLaMA (dynamo), GPT-2 (dynamo) and BERT
 (TorchScript) exports, and onnxruntime-genai's builder's Phi-3 (``genai/phi3_fp32``), into
@@ -55,7 +55,8 @@ def main() -> None:
     np.savez(OUT / "ort_qdq_cnn.npz", input=x, output=session.run(None, {name: x})[0])
     ops = sorted({n.op_type for n in onnx.load(str(target)).graph.node})
     int4 = {name: _int4(name, source) for name, source in (("llama", "torch_dynamo_llama"),
-                                                           ("bert", "torch_torchscript_bert"))}
+                                                           ("bert", "torch_torchscript_bert"),
+                                                           ("gpt2", "torch_dynamo_gpt2"))}
     int8 = {name: _int8(name, source) for name, source in (("llama", "torch_dynamo_llama"),
                                                            ("gpt2", "torch_dynamo_gpt2"),
                                                            ("bert", "torch_torchscript_bert"))}
