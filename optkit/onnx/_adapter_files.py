@@ -145,15 +145,13 @@ def with_adapter_inputs(model: ModelSource | Any, lora: LoRA) -> onnx.ModelProto
     ``optional_inputs``).
 
     Example:
-      >>> import numpy as np, optkit.onnx
-      >>> from onnx import TensorProto, helper, numpy_helper
-      >>> graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], name="/net/fc/MatMul")], "g",
-      ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-      ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
-      ...     [numpy_helper.from_array(np.ones((4, 3), np.float32), "W")])
-      >>> base = optkit.onnx.with_adapter_inputs(helper.make_model(graph), optkit.onnx.LoRA(2))
-      >>> [i.name for i in base.graph.input]
-      ['x', 'net.fc.lora_A.weight', 'net.fc.lora_B.weight']
+      >>> import onnx.parser, optkit.onnx
+      >>> model = onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+      ...     g (float[N, 4] x) => (float[N, 3] y) <float[3, 4] W = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}>
+      ...     { y = Gemm <transB = 1> (x, W) }''')
+      >>> base = optkit.onnx.with_adapter_inputs(model, optkit.onnx.LoRA(2))
+      >>> [(i.name, [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim]) for i in base.graph.input]
+      [('x', ['N', 4]), ('W.lora_A.weight', [4, 'lora_r']), ('W.lora_B.weight', ['lora_r', 3])]
     """
     model = model_proto(model)
     if any(node.domain == ADAPTER_DOMAIN for node in model.graph.node):
