@@ -29,11 +29,17 @@ from onnx import helper, numpy_helper
 
 from optkit.onnx._load.adapters import ADAPTER_DOMAIN, LoRA, adapter_targets, checked_adapters, rewired
 from optkit.onnx._load.files import ModelSource, model_proto
-from optkit.onnx._training_model import _by_initializer_name
+from optkit.onnx._training_model import by_initializer_name
 
 __all__ = ["adapter_input_names", "with_adapter_inputs", "export_adapters", "with_adapter_inputs_folder"]
 
 RANK_AXIS = "lora_r"
+
+
+def _check_lora(lora: Any) -> None:
+    if not isinstance(lora, LoRA):
+        raise TypeError(f"lora must be an optkit.onnx.LoRA (the adapters' rank, alpha and targets), got "
+                        f"{type(lora).__name__}")
 
 
 def _module_path(node: onnx.NodeProto, weight: str) -> list[str]:
@@ -74,6 +80,7 @@ def adapter_input_names(model: ModelSource | Any, lora: LoRA) -> dict[str, str]:
       ``{"<W>.lora_A": input name, "<W>.lora_B": input name}`` for every weight ``W`` that ``lora`` adapts.
 
     Raises:
+      TypeError: ``lora`` is not a :class:`~optkit.onnx.LoRA`; ``model`` is not a model.
       ValueError: ``lora.targets`` match no weight; a name already taken by a tensor of the model.
 
     Example:
@@ -86,6 +93,7 @@ def adapter_input_names(model: ModelSource | Any, lora: LoRA) -> dict[str, str]:
       >>> optkit.onnx.adapter_input_names(helper.make_model(graph), optkit.onnx.LoRA(2))
       {'W.lora_A': 'net.fc.lora_A.weight', 'W.lora_B': 'net.fc.lora_B.weight'}
     """
+    _check_lora(lora)
     model = model_proto(model)
     readers = {n.input[1]: n for n in reversed(model.graph.node) if len(n.input) > 1}
     first: dict[str, onnx.NodeProto] = {}
@@ -137,6 +145,7 @@ def with_adapter_inputs(model: ModelSource | Any, lora: LoRA) -> onnx.ModelProto
       A new ``onnx.ModelProto``.
 
     Raises:
+      TypeError: ``lora`` is not a :class:`~optkit.onnx.LoRA`; ``model`` is not a model.
       ValueError: ``lora.targets`` match no weight; a model that already holds optkit's LoRA nodes; an input
         name already taken.
 
@@ -153,6 +162,7 @@ def with_adapter_inputs(model: ModelSource | Any, lora: LoRA) -> onnx.ModelProto
       >>> [(i.name, [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim]) for i in base.graph.input]
       [('x', ['N', 4]), ('W.lora_A.weight', [4, 'lora_r']), ('W.lora_B.weight', ['lora_r', 3])]
     """
+    _check_lora(lora)
     model = model_proto(model)
     if any(node.domain == ADAPTER_DOMAIN for node in model.graph.node):
         raise ValueError("model holds optkit's LoRA nodes (apply_fn.model): pass the model you gave to_jax")
@@ -219,6 +229,8 @@ def export_adapters(model: ModelSource | Any, params: Mapping[str, Any] | Any, l
 
     Raises:
       ImportError: onnxruntime (1.20+) is not installed (``pip install "optkit[ort]"``).
+      TypeError: ``lora`` is not a :class:`~optkit.onnx.LoRA`; ``params`` not a mapping, state or module.
+      FileNotFoundError: ``path``'s directory does not exist.
       ValueError: ``params`` holds something other than adapters (write those with
         :func:`~optkit.onnx.with_initializers`), an adapter without its pair or of another shape, no adapter.
 
@@ -241,8 +253,12 @@ def export_adapters(model: ModelSource | Any, params: Mapping[str, Any] | Any, l
         import onnxruntime
     except ImportError as err:
         raise ImportError('export_adapters writes with onnxruntime (1.20+): pip install "optkit[ort]"') from err
+    _check_lora(lora)
+    path = pathlib.Path(path)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"path {str(path)!r}: its directory does not exist")
     model = model_proto(model)
-    values = _by_initializer_name(params)
+    values = by_initializer_name(params, "params")
     others = sorted(name for name in values if not name.endswith((".lora_A", ".lora_B")))
     if others:
         raise ValueError(f"params holds {others[:3]}{' ...' if len(others) > 3 else ''}, which are not adapters: an "
@@ -263,7 +279,6 @@ def export_adapters(model: ModelSource | Any, params: Mapping[str, Any] | Any, l
     adapter.set_adapter_version(int(adapter_version))
     adapter.set_model_version(int(model_version))
     adapter.set_parameters(tensors)
-    path = pathlib.Path(path)
     adapter.export_adapter(str(path))  # pyright: ignore[reportArgumentType] (its stub says PathLike; it takes str)
     return path
 
@@ -292,6 +307,7 @@ def with_adapter_inputs_folder(folder: str | os.PathLike[str], out: str | os.Pat
       ``out`` as a ``pathlib.Path``.
 
     Raises:
+      TypeError: ``lora`` is not a :class:`~optkit.onnx.LoRA`.
       FileNotFoundError: ``folder`` has no ``genai_config.json`` or no model file it names.
       ValueError: ``out`` is ``folder``; a ``genai_config.json`` without ``model.decoder.filename``; and
         :func:`with_adapter_inputs`'.
@@ -304,6 +320,7 @@ def with_adapter_inputs_folder(folder: str | os.PathLike[str], out: str | os.Pat
       ...                                        optkit.onnx.LoRA(8))  # doctest: +SKIP
       PosixPath('llama_int4_adapters')
     """
+    _check_lora(lora)
     folder, out = pathlib.Path(folder), pathlib.Path(out)
     config_path = folder / "genai_config.json"
     if not config_path.is_file():

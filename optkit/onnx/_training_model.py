@@ -292,7 +292,7 @@ def with_initializers(model: ModelSource | Any, values: Mapping[str, Any], *, lo
     """
     lora = lora if lora is not None else getattr(getattr(values, "apply_fn", None), "lora", None)
     model = model_proto(model)
-    values = _by_initializer_name(values)
+    values = by_initializer_name(values)
     adapters = {name: v for name, v in values.items() if name.endswith((".lora_A", ".lora_B"))}
     if adapters:
         if any(node.domain == ADAPTER_DOMAIN for node in model.graph.node):
@@ -318,7 +318,7 @@ def with_initializers(model: ModelSource | Any, values: Mapping[str, Any], *, lo
     return new
 
 
-def _by_initializer_name(values: Any) -> dict[str, Any]:
+def by_initializer_name(values: Any, argument: str = "values") -> dict[str, Any]:
     """``{initializer name: array}`` from a dict of arrays, an OnnxModule or its ``nnx.State``."""
     params = getattr(values, "params", None)
     if params is not None and hasattr(values, "apply_fn"):  # an OnnxModule
@@ -326,7 +326,7 @@ def _by_initializer_name(values: Any) -> dict[str, Any]:
     if isinstance(values, Mapping) and all(isinstance(k, str) and hasattr(v, "shape") for k, v in values.items()):
         return dict(values)
     if not isinstance(values, Mapping):
-        raise TypeError(f"values must map initializer names to arrays, got {type(values).__name__} (or be an "
+        raise TypeError(f"{argument} must map initializer names to arrays, got {type(values).__name__} (or be an "
                         f"OnnxModule or its nnx.State)")
     is_variable = lambda x: hasattr(x, "get_metadata")  # noqa: E731 (an nnx.Variable, such as nnx.Param)
     out = {}

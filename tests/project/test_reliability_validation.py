@@ -36,8 +36,8 @@ import onnx  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
 import optkit.onnx  # noqa: E402
+from tests.onnx.helpers import ONNX_TESTS, onnx_model  # noqa: E402
 from tests.onnx.helpers import onnx_info as _info  # noqa: E402
-from tests.onnx.helpers import onnx_model  # noqa: E402
 
 P = {"w": jnp.ones((2, 3)), "b": jnp.ones(3)}
 B = jnp.ones(3)
@@ -605,6 +605,20 @@ for fn, case, thunk, exc, words in [
     ("with_initializers", "unknown name", lambda: optkit.onnx.with_initializers(_gemm_model(), {"x": np.ones(2)}), ValueError, "'x' is not an initializer"),
     ("with_initializers", "wrong shape", lambda: optkit.onnx.with_initializers(_gemm_model(), {"W": np.ones(2)}), ValueError, "has shape [3, 2]"),
     ("with_initializers", "not a mapping", lambda: optkit.onnx.with_initializers(_gemm_model(), [("W", 1)]), TypeError, "values must map initializer names to arrays, got list"),
+    ("adapter_input_names", "lora not a LoRA", lambda: optkit.onnx.adapter_input_names(_gemm_model(), 4), TypeError, "lora must be an optkit.onnx.LoRA"),
+    ("adapter_input_names", "targets match nothing", lambda: optkit.onnx.adapter_input_names(_gemm_model(), optkit.onnx.LoRA(2, targets=["*q_proj*"])), ValueError, "match no weight"),
+    ("adapter_input_names", "model not a model", lambda: optkit.onnx.adapter_input_names(3, optkit.onnx.LoRA(2)), TypeError, "model must be an onnx.ModelProto"),
+    ("with_adapter_inputs", "lora not a LoRA", lambda: optkit.onnx.with_adapter_inputs(_gemm_model(), {"rank": 2}), TypeError, "lora must be an optkit.onnx.LoRA"),
+    ("with_adapter_inputs", "optkit's LoRA nodes", lambda: optkit.onnx.with_adapter_inputs(optkit.onnx.to_jax(_gemm_model(), lora=optkit.onnx.LoRA(1))[0].model, optkit.onnx.LoRA(1)), ValueError, "holds optkit's LoRA nodes"),
+    ("with_adapter_inputs", "targets match nothing", lambda: optkit.onnx.with_adapter_inputs(_gemm_model(), optkit.onnx.LoRA(2, targets=["*v_proj*"])), ValueError, "match no weight"),
+    ("export_adapters", "params not adapters", lambda: optkit.onnx.export_adapters(_gemm_model(), {"W": np.ones((3, 2))}, optkit.onnx.LoRA(1), "a.onnx_adapter"), ValueError, "which are not adapters"),
+    ("export_adapters", "an adapter without its pair", lambda: optkit.onnx.export_adapters(_gemm_model(), {"W.lora_A": np.ones((3, 1))}, optkit.onnx.LoRA(1), "a.onnx_adapter"), ValueError, "needs both 'W.lora_A' and 'W.lora_B'"),
+    ("export_adapters", "another rank", lambda: optkit.onnx.export_adapters(_gemm_model(), {"W.lora_A": np.ones((3, 1)), "W.lora_B": np.ones((1, 2))}, optkit.onnx.LoRA(2), "a.onnx_adapter"), ValueError, "rank 2 on 'W' needs (3, 2)"),
+    ("export_adapters", "params not a mapping", lambda: optkit.onnx.export_adapters(_gemm_model(), [1], optkit.onnx.LoRA(1), "a.onnx_adapter"), TypeError, "params must map initializer names to arrays"),
+    ("export_adapters", "no such directory", lambda: optkit.onnx.export_adapters(_gemm_model(), {}, optkit.onnx.LoRA(1), "/nonexistent-dir/a.onnx_adapter"), FileNotFoundError, "its directory does not exist"),
+    ("with_adapter_inputs_folder", "not a GenAI folder", lambda: optkit.onnx.with_adapter_inputs_folder("/nonexistent-dir", "/nonexistent-out", optkit.onnx.LoRA(1)), FileNotFoundError, "has no genai_config.json"),
+    ("with_adapter_inputs_folder", "lora not a LoRA", lambda: optkit.onnx.with_adapter_inputs_folder(".", "out", None), TypeError, "targets), got NoneType"),
+    ("with_adapter_inputs_folder", "out is the folder", lambda: optkit.onnx.with_adapter_inputs_folder(ONNX_TESTS / "models" / "genai" / "llama_fp32", ONNX_TESTS / "models" / "genai" / "llama_fp32", optkit.onnx.LoRA(1)), ValueError, "another folder"),
     ("Backend", "run_model garbage", lambda: optkit.onnx.Backend.run_model(b"garbage", []), ValueError, "malformed ONNX model bytes"),
     ("Backend", "prepare on a bad device", lambda: optkit.onnx.Backend.prepare(_relu(), "CUDA:x"), ValueError, "device must be 'CPU' or 'CUDA[:index]', got 'CUDA:x'"),
     ("Backend", "run_node kwargs", lambda: optkit.onnx.Backend.prepare(_relu()).run([np.ones(3, np.float32)], bogus=1), TypeError, "unexpected keyword arguments ['bogus']"),

@@ -6,8 +6,8 @@ gives ``apply_fn`` of that adapter's params; with none active, the export's own 
 greedy generation with an adapter (``Adapters``, ``Generator.set_active_adapter``) gives JAX's greedy tokens.
 Bases: the committed torch.onnx exports (GPT-2 dynamo: Gemm; BERT TorchScript and LLaMA dynamo: MatMul), their
 int8 (``quantize_dynamic``: MatMulInteger; ``quantize_static``: QDQ) and int4 (``MatMulNBitsQuantizer``) twins,
-Optimum's LLaMA and GPT-2, the GenAI builder's LLaMA and Phi-3 folders (fp32 and int4: MatMulNBits) and its Phi-3 through
-``quantize_dynamic``.
+Optimum's LLaMA and GPT-2, the GenAI builder's LLaMA and Phi-3 folders (fp32 and int4: MatMulNBits) and its Phi-3
+through ``quantize_dynamic``.
 """
 
 from __future__ import annotations

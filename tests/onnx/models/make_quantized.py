@@ -7,10 +7,10 @@ points, int8 weights, per tensor; calibrated on 16 random batches) turns
 on it, and ``quantized/versions.json`` the versions. ``MatMulNBitsQuantizer`` (4-bit, block size 16,
 asymmetric: uint8 zero points) turns the torch.onnx LLaMA (dynamo), BERT (TorchScript) and GPT-2 (dynamo)
 exports into ``quantized/ort_int4_{llama,bert,gpt2}.onnx`` (every MatMul with a weight initializer becomes a
-com.microsoft ``MatMulNBits``; GPT-2's ``Gemm`` layers stay float, only its head is 4-bit), with ONNX Runtime's outputs in the ``.npz`` of
-the same name. ``quantize_dynamic`` (its defaults: int8 weights per tensor, each MatMul's activation through
-``DynamicQuantizeLinear`` into ``MatMulInteger``) turns the LLaMA (dynamo), GPT-2 (dynamo) and BERT
-(TorchScript) exports, and onnxruntime-genai's builder's Phi-3 (``genai/phi3_fp32``), into
+com.microsoft ``MatMulNBits``; GPT-2's ``Gemm`` layers stay float, only its head is 4-bit), with ONNX Runtime's
+outputs in the ``.npz`` of the same name. ``quantize_dynamic`` (its defaults: int8 weights per tensor, each
+MatMul's activation through ``DynamicQuantizeLinear`` into ``MatMulInteger``) turns the LLaMA (dynamo), GPT-2
+(dynamo) and BERT (TorchScript) exports, and onnxruntime-genai's builder's Phi-3 (``genai/phi3_fp32``), into
 ``quantized/ort_int8_{llama,gpt2,bert,phi3}.onnx``, likewise with ONNX Runtime's outputs; ``quantize_static``
 in the QDQ format turns the LLaMA export into ``quantized/ort_qdq_llama.onnx``.
 Needs onnxruntime (optkit's test extra) and, for the int4 files, ``onnx_ir``; the files are committed:
