@@ -289,7 +289,8 @@ def with_adapter_inputs_folder(folder: str | os.PathLike[str], out: str | os.Pat
 
     ``folder`` is what onnxruntime-genai's model builder writes: ``genai_config.json`` naming the decoder's file
     (``model.decoder.filename``), that file and its external data, the tokenizer. ``out`` gets every file of it
-    but the model, and the adapter-input model saved with its weights in ``<filename>.data`` beside it.
+    but the model (symbolic links are not followed), and the adapter-input model saved with its weights in
+    ``<filename>.data`` beside it.
     Serve it with::
 
         model = onnxruntime_genai.Model(out)
@@ -338,8 +339,8 @@ def with_adapter_inputs_folder(folder: str | os.PathLike[str], out: str | os.Pat
     data = {t.external_data[i].value for t in onnx.load(str(source), load_external_data=False).graph.initializer
             for i in range(len(t.external_data)) if t.external_data[i].key == "location"}
     out.mkdir(parents=True, exist_ok=True)
-    for item in folder.iterdir():
-        if item.is_file() and item.name != filename and item.name not in data:
+    for item in folder.iterdir():  # (a link is not followed: nothing outside the folder is read)
+        if item.is_file() and not item.is_symlink() and item.name != filename and item.name not in data:
             shutil.copy2(item, out / item.name)
     for stale in (out / filename, out / f"{filename}.data"):
         stale.unlink(missing_ok=True)

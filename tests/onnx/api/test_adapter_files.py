@@ -199,6 +199,19 @@ def test_bad_arguments_are_refused_by_name(tmp_path):
     assert not target.exists()
 
 
+def test_the_genai_folder_copy_has_the_builders_files_and_follows_no_link(tmp_path):
+    folder = tmp_path / "llama"
+    shutil.copytree(MODELS / "genai" / "llama_fp32", folder)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the model's")
+    (folder / "link.txt").symlink_to(secret)
+    out = optkit.onnx.with_adapter_inputs_folder(folder, tmp_path / "out", optkit.onnx.LoRA(2))
+    assert sorted(p.name for p in out.iterdir()) == ["genai_config.json", "model.onnx", "model.onnx.data",
+                                                     "outputs.npz", "tokenizer.json", "tokenizer_config.json"]
+    written = onnx.load(str(out / "model.onnx"))  # its external data beside it
+    assert {i.name for i in written.graph.input} >= {"model.layers.0.attn.qkv_proj.lora_A.weight"}
+
+
 def test_a_name_taken_by_the_model_is_refused():
     model = _mlp()
     model.graph.node[0].name = "/net/up/MatMul"
