@@ -26,15 +26,12 @@ Run from the repository root::
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import pathlib
 import shutil
 import sys
 import textwrap
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from tqdm import tqdm
@@ -42,10 +39,8 @@ from tqdm import tqdm
 if __package__ in (None, ""):  # run as a file: make the repository root importable
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from examples.onnx_llm import DEFAULT_MODEL, Decoder, greedy_genai, greedy_jax, greedy_onnx_runtime  # noqa: E402
-from examples.onnx_lora import windows  # noqa: E402
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from examples.onnx_llm import Decoder, greedy_genai, greedy_jax, greedy_onnx_runtime  # noqa: E402
+from examples.onnx_lora import lora_parser, next_token_training, windows  # noqa: E402
 
 
 def texts() -> dict[str, str]:
@@ -57,15 +52,8 @@ def texts() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=pathlib.Path, default=DEFAULT_MODEL, help="an onnxruntime-genai builder folder")
-    parser.add_argument("--rank", type=int, default=8, help="the adapters' rank")
-    parser.add_argument("--steps", type=int, default=200, help="optimizer steps per adapter")
-    parser.add_argument("--batch", type=int, default=8, help="windows per step")
-    parser.add_argument("--length", type=int, default=32, help="tokens per window")
-    parser.add_argument("--lr", type=float, default=1e-2, help="AdamW's learning rate")
-    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "examples" / "out" / "onnx_adapters",
-                        help="where the base folder and the adapter files are written")
+    parser = lora_parser(__doc__.splitlines()[0], 200, "onnx_adapters",
+                         "where the base folder and the adapter files are written")
     args = parser.parse_args(argv)
 
     import onnx
@@ -83,20 +71,8 @@ def main(argv: list[str] | None = None) -> dict:
     lora = optkit.onnx.LoRA(args.rank, alpha=2 * args.rank)
     apply_fn, start = optkit.onnx.to_jax(model, lora=lora)
 
-    def loss_fn(p, batch):
-        x, y = batch[:, :-1], batch[:, 1:]
-        logits = apply_fn(p, {"input_ids": x, "attention_mask": jnp.ones_like(x), **decoder.cache(len(x), 0)})[0]
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
     tx = optax.adamw(args.lr)
-
-    @jax.jit
-    def step(p, state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(p, batch)
-        updates, state = tx.update(grads, state, p)
-        return optax.apply_updates(p, updates), state, loss
-
-    evaluate = jax.jit(loss_fn)
+    step, evaluate = next_token_training(apply_fn, decoder, tx)
     tuned, rng = {}, np.random.default_rng(0)
     for name, (train, _) in data.items():  # each adapter from the same start, on its own text
         params, state = start, tx.init(start)

@@ -51,16 +51,40 @@ def windows(ids: np.ndarray, length: int) -> np.ndarray:
     return np.stack([ids[i * length:i * length + length + 1] for i in range(count)]).astype(np.int64)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def lora_parser(description: str, steps: int, out: str, out_help: str) -> argparse.ArgumentParser:
+    """The options of the LoRA examples (this one and examples/onnx_adapters.py)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", type=pathlib.Path, default=DEFAULT_MODEL, help="an onnxruntime-genai builder folder")
     parser.add_argument("--rank", type=int, default=8, help="the adapters' rank")
-    parser.add_argument("--steps", type=int, default=150, help="optimizer steps")
+    parser.add_argument("--steps", type=int, default=steps, help="optimizer steps (per adapter)")
     parser.add_argument("--batch", type=int, default=8, help="windows per step")
     parser.add_argument("--length", type=int, default=32, help="tokens per window")
     parser.add_argument("--lr", type=float, default=1e-2, help="AdamW's learning rate")
-    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "examples" / "out" / "onnx_lora",
-                        help="where the fine-tuned builder folder is written")
+    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "examples" / "out" / out, help=out_help)
+    return parser
+
+
+def next_token_training(apply_fn, decoder: Decoder, tx):
+    """``(step, evaluate)``: a jitted ``tx`` step on a batch of windows' next-token loss (``apply_fn`` with empty
+    past buffers), and that loss."""
+
+    def loss_fn(p, batch):
+        x, y = batch[:, :-1], batch[:, 1:]
+        feeds = {"input_ids": x, "attention_mask": jnp.ones_like(x), **decoder.cache(len(x), 0)}
+        logits = apply_fn(p, feeds)[0]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    @jax.jit
+    def step(p, state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(p, batch)
+        updates, state = tx.update(grads, state, p)
+        return optax.apply_updates(p, updates), state, loss
+
+    return step, jax.jit(loss_fn)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = lora_parser(__doc__.splitlines()[0], 150, "onnx_lora", "where the fine-tuned builder folder is written")
     args = parser.parse_args(argv)
 
     import onnx
@@ -80,22 +104,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"  {len(params) // 2} adapted weights, {sum(v.size for v in params.values())} adapter parameters "
           f"(the 4-bit base stays packed and frozen)")
 
-    def loss_fn(p, batch):
-        x, y = batch[:, :-1], batch[:, 1:]
-        feeds = {"input_ids": x, "attention_mask": jnp.ones_like(x), **decoder.cache(len(x), 0)}
-        logits = apply_fn(p, feeds)[0]
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
     tx = optax.adamw(args.lr)
     state = tx.init(params)
-
-    @jax.jit
-    def step(p, state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(p, batch)
-        updates, state = tx.update(grads, state, p)
-        return optax.apply_updates(p, updates), state, loss
-
-    evaluate = jax.jit(loss_fn)
+    step, evaluate = next_token_training(apply_fn, decoder, tx)
     before = float(evaluate(params, held_out))
     rng = np.random.default_rng(0)
     losses = []
