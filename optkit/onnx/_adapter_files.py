@@ -20,14 +20,14 @@ import os
 import pathlib
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from optkit.onnx._load.adapters import ADAPTER_DOMAIN, LoRA, adapter_targets, checked_adapters, rewired
+from optkit.onnx._load.adapters import ADAPTER_DOMAIN, LoRA, adapter_targets, branch_nodes, checked_adapters, rewired
 from optkit.onnx._load.files import ModelSource, model_proto
 from optkit.onnx._training_model import by_initializer_name
 
@@ -95,9 +95,14 @@ def adapter_input_names(model: ModelSource | Any, lora: LoRA) -> dict[str, str]:
     """
     _check_lora(lora)
     model = model_proto(model)
+    return _input_names(model, adapter_targets(model, lora))
+
+
+def _input_names(model: onnx.ModelProto, targets: Sequence[Any]) -> dict[str, str]:
+    """:func:`adapter_input_names` of ``targets`` (:func:`adapter_targets`' of ``model``)."""
     readers = {n.input[1]: n for n in reversed(model.graph.node) if len(n.input) > 1}
     first: dict[str, onnx.NodeProto] = {}
-    for t in adapter_targets(model, lora):  # (a dynamically quantized matmul: its MatMulInteger, not the Mul)
+    for t in targets:  # (a dynamically quantized matmul: its MatMulInteger, not the Mul)
         first.setdefault(t.weight, readers[t.weight] if t.x else model.graph.node[t.node])
     candidates = {weight: _module_path(node, weight) for weight, node in first.items()}
     chosen = {weight: paths[0] for weight, paths in candidates.items()}
@@ -166,23 +171,15 @@ def with_adapter_inputs(model: ModelSource | Any, lora: LoRA) -> onnx.ModelProto
     model = model_proto(model)
     if any(node.domain == ADAPTER_DOMAIN for node in model.graph.node):
         raise ValueError("model holds optkit's LoRA nodes (apply_fn.model): pass the model you gave to_jax")
-    names = adapter_input_names(model, lora)
     targets = adapter_targets(model, lora)
+    names = _input_names(model, targets)
     gains: dict[str, tuple[float, int]] = {}
 
     def build(t: Any, x: str, base: str, y: str, index: int) -> list[onnx.NodeProto]:
-        nodes = []
-        if t.trans_x:
-            nodes.append(helper.make_node("Transpose", [x], [f"{y}.lora_xT"], name=f"{y}.lora_transpose"))
-            x = f"{y}.lora_xT"
-        delta = f"{y}.lora_delta" if t.gain == 1.0 else f"{y}.lora_xab"
-        nodes += [helper.make_node("MatMul", [x, names[f"{t.weight}.lora_A"]], [f"{y}.lora_xa"], name=f"{y}.lora_a"),
-                  helper.make_node("MatMul", [f"{y}.lora_xa", names[f"{t.weight}.lora_B"]], [delta],
-                                   name=f"{y}.lora_b")]
-        if t.gain != 1.0:
+        if t.gain != 1.0:  # (a Gemm's alpha: the model's, not the adapter's)
             gains[f"{y}.lora_gain"] = (t.gain, t.dtype)
-            nodes.append(helper.make_node("Mul", [delta, f"{y}.lora_gain"], [f"{y}.lora_delta"], name=f"{y}.lora_mul"))
-        return nodes + [helper.make_node("Add", [base, f"{y}.lora_delta"], [y], name=f"{y}.lora_add")]
+        return branch_nodes(t, x, base, y, names[f"{t.weight}.lora_A"], names[f"{t.weight}.lora_B"],
+                            scale=f"{y}.lora_gain" if t.gain != 1.0 else None)
 
     new = rewired(model, targets, build)
     declared = set()
@@ -267,7 +264,7 @@ def export_adapters(model: ModelSource | Any, params: Mapping[str, Any] | Any, l
         raise ValueError("params holds no adapter")
     targets = adapter_targets(model, lora)
     by_weight, weights = checked_adapters(targets, values, lora)
-    names = adapter_input_names(model, lora)
+    names = _input_names(model, targets)
     tensors = {}
     for weight in sorted(weights):
         dtype = helper.tensor_dtype_to_np_dtype(by_weight[weight].dtype)

@@ -24,7 +24,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["LoRA", "add_adapters", "adapter_targets", "checked_adapters", "rewired", "write_adapters", "ADAPTER_DOMAIN"]
+__all__ = ["LoRA", "add_adapters", "adapter_targets", "branch_nodes", "checked_adapters", "rewired", "write_adapters",
+           "ADAPTER_DOMAIN"]
 
 ADAPTER_DOMAIN = "ai.optkit"
 _FLOAT = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
@@ -277,6 +278,21 @@ def add_adapters(model: onnx.ModelProto, lora: LoRA, key: Any = None) -> tuple[o
     return new, tuple(names)
 
 
+def branch_nodes(t: _Target, x: str, base: str, y: str, a: str, b: str, scale: str | None) -> list[onnx.NodeProto]:
+    """The side branch of target ``t`` in standard operators: ``y = base + MatMul(MatMul(x, a), b)``, times the
+    tensor ``scale`` when one is named, ``x`` transposed first for a ``Gemm`` with ``transA``."""
+    nodes = []
+    if t.trans_x:
+        nodes.append(helper.make_node("Transpose", [x], [f"{y}.lora_xT"], name=f"{y}.lora_transpose"))
+        x = f"{y}.lora_xT"
+    product = f"{y}.lora_xab" if scale else f"{y}.lora_delta"
+    nodes += [helper.make_node("MatMul", [x, a], [f"{y}.lora_xa"], name=f"{y}.lora_a"),
+              helper.make_node("MatMul", [f"{y}.lora_xa", b], [product], name=f"{y}.lora_b")]
+    if scale:
+        nodes.append(helper.make_node("Mul", [product, scale], [f"{y}.lora_delta"], name=f"{y}.lora_mul"))
+    return nodes + [helper.make_node("Add", [base, f"{y}.lora_delta"], [y], name=f"{y}.lora_add")]
+
+
 def checked_adapters(targets: Sequence[_Target], values: Mapping[str, Any],
                      lora: LoRA) -> tuple[dict[str, _Target], set[str]]:
     """The first target of each adapted weight, and the weights that ``values`` holds adapters of (``<W>.lora_A``
@@ -338,16 +354,7 @@ def write_adapters(model: onnx.ModelProto, values: Mapping[str, Any], lora: LoRA
         return model, merged
 
     def build(t: _Target, x: str, base: str, y: str, index: int):
-        a_name, b_name = _names(t.weight)
-        nodes = []
-        if t.trans_x:
-            nodes.append(helper.make_node("Transpose", [x], [f"{y}.lora_xT"], name=f"{y}.lora_transpose"))
-            x = f"{y}.lora_xT"
-        return nodes + [
-            helper.make_node("MatMul", [x, a_name], [f"{y}.lora_xa"], name=f"{y}.lora_a"),
-            helper.make_node("MatMul", [f"{y}.lora_xa", b_name], [f"{y}.lora_xab"], name=f"{y}.lora_b"),
-            helper.make_node("Mul", [f"{y}.lora_xab", f"{y}.lora_scale"], [f"{y}.lora_delta"], name=f"{y}.lora_mul"),
-            helper.make_node("Add", [base, f"{y}.lora_delta"], [y], name=f"{y}.lora_add")]
+        return branch_nodes(t, x, base, y, *_names(t.weight), scale=f"{y}.lora_scale")
 
     new = rewired(model, branched, build)
     written = set()
