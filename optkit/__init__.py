@@ -9,6 +9,7 @@ those of a published specification (see SPEC.md):
 - :func:`momentum` — ONNX ``ai.onnx.preview.training::Momentum``;
 - :func:`gradient` and :class:`Graph` — ONNX ``ai.onnx.preview.training::Gradient``
   on named tensors, as nested ``jax.vjp``;
+- :func:`muon` — Muon as ``torch.optim.Muon`` computes it (2-D parameters);
 - :func:`adafactor` — Adafactor (Shazeer & Stern 2018), with sublinear memory;
   :func:`t5x_adafactor` — the same algorithm with T5X's arguments and factor rules.
 
@@ -43,6 +44,7 @@ from optkit._src.flat import FlatParams
 from optkit._src.gradient import gradient
 from optkit._src.graph import GradientNode, Graph, GraphNode
 from optkit._src.momentum import ScaleByOnnxMomentumState, momentum, scale_by_onnx_momentum
+from optkit._src.muon import ScaleByMuonState, muon, newton_schulz
 from optkit._src.zero import fsdp_rule, shard_state, state_sharding
 
 __version__ = "0.1.0"
@@ -59,6 +61,9 @@ __all__ = [
     "momentum",
     "scale_by_onnx_momentum",
     "ScaleByOnnxMomentumState",
+    "muon",
+    "newton_schulz",
+    "ScaleByMuonState",
     "adafactor",
     "scale_by_adafactor",
     "scale_by_factored_rms",

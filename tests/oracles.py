@@ -340,3 +340,23 @@ class T5XAdafactor:
             new_params[path], new_states[path] = self._param_step(
                 state["step"], p, state["param_states"][path], grads[path], path, lr)
         return new_params, {"step": state["step"] + 1, "param_states": new_states}
+
+
+def muon(X, G, M, *, lr, momentum, nesterov, weight_decay, ns_coefficients, ns_steps, eps, adjust_lr):
+    """SPEC 8, Muon (torch.optim.Muon's algorithm) for one matrix, the iteration in the inputs' dtype.
+
+    Returns (X_new, M_new).
+    """
+    M_new = M + (1 - momentum) * (G - M)
+    U = G + momentum * (M_new - G) if nesterov else M_new
+    a, b, c = ns_coefficients
+    Y = U.T if U.shape[0] > U.shape[1] else U.copy()
+    Y = Y / max(np.linalg.norm(Y), eps)
+    for _ in range(ns_steps):
+        S = Y @ Y.T
+        S = b * S + c * (S @ S)
+        Y = a * Y + S @ Y
+    O = Y.T if U.shape[0] > U.shape[1] else Y
+    A, B = X.shape
+    ratio = np.sqrt(max(1.0, A / B)) if adjust_lr == "original" else 0.2 * np.sqrt(max(A, B))
+    return X * (1 - lr * weight_decay) - lr * ratio * O, M_new

@@ -215,6 +215,30 @@ for case, args, kw, exc, words in [
 ]:
     row("factored_axes", case, _call(optkit.factored_axes, *args, **kw), exc, words)
 
+# muon and its iteration
+MATRIX = {"w": jnp.ones((2, 3))}
+for case, thunk, exc, words in [
+    ("momentum=-1", _call(optkit.muon, 0.1, momentum=-1.0), ValueError, "momentum must be >= 0, got -1.0"),
+    ("weight_decay=nan", _call(optkit.muon, 0.1, weight_decay=float("nan")), ValueError, "weight_decay must be finite"),
+    ("adjust_lr='none'", _call(optkit.muon, 0.1, adjust_lr="none"), ValueError, "adjust_lr must be one of ['original', 'match_rms_adamw']"),
+    ("ns_steps=100", _call(optkit.muon, 0.1, ns_steps=100), ValueError, "ns_steps must be in [0, 100)"),
+    ("ns_coefficients of 2", _call(optkit.muon, 0.1, ns_coefficients=(1.0, 2.0)), ValueError, "ns_coefficients must be three numbers"),
+    ("learning_rate='x'", _call(optkit.muon, "x"), TypeError, "learning_rate must be a real number"),
+    ("init: a vector", lambda: optkit.muon(0.1).init({"b": jnp.ones(3)}), ValueError, "muon: params['b'] has shape (3,)"),
+    ("init: integer leaf", lambda: optkit.muon(0.1).init({"n": jnp.ones((2, 2), jnp.int32)}), TypeError, "params leaf at ['n'] must be a floating-point array"),
+    ("update: params=None with weight decay", lambda: optkit.muon(0.1).update(MATRIX, optkit.muon(0.1).init(MATRIX)), ValueError, "muon: params=None, but"),
+    ("update: grads of another shape", lambda: optkit.muon(0.1).update({"w": jnp.ones((3, 2))}, optkit.muon(0.1).init(MATRIX), MATRIX), ValueError, "['w']"),
+    ("update: state=(None,)", lambda: optkit.muon(0.1).update(MATRIX, (None,), MATRIX), TypeError, "muon: state must be the ScaleByMuonState"),
+]:
+    row("muon", case, thunk, exc, words)
+for case, thunk, exc, words in [
+    ("a vector", _call(optkit.newton_schulz, jnp.ones(3)), ValueError, "update must be a 2-D matrix, got shape (3,)"),
+    ("ns_steps=-1", _call(optkit.newton_schulz, jnp.ones((2, 2)), ns_steps=-1), ValueError, "ns_steps must be in [0, 100)"),
+    ("ns_steps=True", _call(optkit.newton_schulz, jnp.ones((2, 2)), ns_steps=True), TypeError, "ns_steps must be an int"),
+    ("ns_coefficients=None", _call(optkit.newton_schulz, jnp.ones((2, 2)), ns_coefficients=None), ValueError, "ns_coefficients must be three numbers"),
+]:
+    row("newton_schulz", case, thunk, exc, words)
+
 # init and update of every transformation
 for name in ALIASES:
     row(name, "init: integer leaf", _init(name, {"a": jnp.ones(2), "n": jnp.arange(3)}),
