@@ -10,6 +10,7 @@ those of a published specification (see SPEC.md):
 - :func:`gradient` and :class:`Graph` — ONNX ``ai.onnx.preview.training::Gradient``
   on named tensors, as nested ``jax.vjp``;
 - :func:`muon` — Muon as ``torch.optim.Muon`` computes it (2-D parameters);
+- :func:`schedule_free_adamw` — schedule-free AdamW as ``schedulefree.AdamWScheduleFree`` computes it;
 - :func:`adafactor` — Adafactor (Shazeer & Stern 2018), with sublinear memory;
   :func:`t5x_adafactor` — the same algorithm with T5X's arguments and factor rules.
 
@@ -45,6 +46,7 @@ from optkit._src.gradient import gradient
 from optkit._src.graph import GradientNode, Graph, GraphNode
 from optkit._src.momentum import ScaleByOnnxMomentumState, momentum, scale_by_onnx_momentum
 from optkit._src.muon import ScaleByMuonState, muon, newton_schulz
+from optkit._src.schedule_free import ScheduleFreeAdamWState, schedule_free_adamw, schedule_free_eval_params
 from optkit._src.zero import fsdp_rule, shard_state, state_sharding
 
 __version__ = "0.1.0"
@@ -64,6 +66,9 @@ __all__ = [
     "muon",
     "newton_schulz",
     "ScaleByMuonState",
+    "schedule_free_adamw",
+    "schedule_free_eval_params",
+    "ScheduleFreeAdamWState",
     "adafactor",
     "scale_by_adafactor",
     "scale_by_factored_rms",

@@ -360,3 +360,33 @@ def muon(X, G, M, *, lr, momentum, nesterov, weight_decay, ns_coefficients, ns_s
     A, B = X.shape
     ratio = np.sqrt(max(1.0, A / B)) if adjust_lr == "original" else 0.2 * np.sqrt(max(A, B))
     return X * (1 - lr * weight_decay) - lr * ratio * O, M_new
+
+
+class ScheduleFreeAdamW:
+    """SPEC 9, schedule-free AdamW, written from the text: Python floats for the step's scalars, NumPy leaves."""
+
+    def __init__(self, lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, warmup_steps=0, r=0.0,
+                 weight_lr_power=2.0):
+        self.lr, self.b1, self.b2, self.eps, self.wd = lr, b1, b2, eps, weight_decay
+        self.warmup, self.r, self.power = warmup_steps, r, weight_lr_power
+        self.k, self.weight_sum, self.lr_max = 0, 0.0, 0.0
+
+    def step(self, y, z, v, g):
+        """One step of every leaf (dicts of arrays); returns (y, z, v)."""
+        k = self.k
+        lr = self.lr * ((k + 1) / self.warmup if k < self.warmup else 1.0)
+        self.lr_max = max(self.lr_max, lr)
+        weight = (k + 1) ** self.r * self.lr_max ** self.power
+        self.weight_sum += weight
+        c = weight / self.weight_sum if self.weight_sum else 0.0
+        out_y, out_z, out_v = {}, {}, {}
+        for n in y:
+            out_v[n] = self.b2 * v[n] + (1 - self.b2) * g[n] * g[n]
+            g_n = g[n] / (np.sqrt(out_v[n] / (1 - self.b2 ** (k + 1))) + self.eps) + self.wd * y[n]
+            out_y[n] = y[n] + c * (z[n] - y[n]) + lr * (self.b1 * (1 - c) - 1) * g_n
+            out_z[n] = z[n] - lr * g_n
+        self.k += 1
+        return out_y, out_z, out_v
+
+    def eval_params(self, y, z):
+        return {n: y[n] + (1 - 1 / self.b1) * (z[n] - y[n]) for n in y}

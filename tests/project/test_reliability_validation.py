@@ -239,6 +239,26 @@ for case, thunk, exc, words in [
 ]:
     row("newton_schulz", case, thunk, exc, words)
 
+# schedule-free AdamW and its evaluation parameters
+SF = {"w": jnp.ones((2, 3))}
+for case, thunk, exc, words in [
+    ("b1=1", _call(optkit.schedule_free_adamw, 0.1, b1=1.0), ValueError, "b1 must be in (0, 1), got 1.0"),
+    ("b2=-0.1", _call(optkit.schedule_free_adamw, 0.1, b2=-0.1), ValueError, "b2 must be in [0, 1), got -0.1"),
+    ("weight_lr_power=inf", _call(optkit.schedule_free_adamw, 0.1, weight_lr_power=float("inf")), ValueError, "weight_lr_power must be finite"),
+    ("warmup_steps=1.5", _call(optkit.schedule_free_adamw, 0.1, warmup_steps=1.5), TypeError, "warmup_steps (the step count) must be an integer scalar"),
+    ("init: integer leaf", lambda: optkit.schedule_free_adamw(0.1).init({"n": jnp.ones(2, jnp.int32)}), TypeError, "params leaf at ['n'] must be a floating-point array"),
+    ("update: params=None", lambda: optkit.schedule_free_adamw(0.1).update(SF, optkit.schedule_free_adamw(0.1).init(SF)), ValueError, "schedule_free_adamw: params=None"),
+    ("update: state=(None,)", lambda: optkit.schedule_free_adamw(0.1).update(SF, (None,), SF), TypeError, "must be the ScheduleFreeAdamWState"),
+]:
+    row("schedule_free_adamw", case, thunk, exc, words)
+for case, thunk, exc, words in [
+    ("another optimizer's state", _call(optkit.schedule_free_eval_params, optax.adam(0.1).init(SF), SF), ValueError, "state must hold one ScheduleFreeAdamWState"),
+    ("two states", _call(optkit.schedule_free_eval_params, [optkit.schedule_free_adamw(0.1).init(SF)] * 2, SF), ValueError, "found 2"),
+    ("params of other keys", _call(optkit.schedule_free_eval_params, optkit.schedule_free_adamw(0.1).init(SF), {"v": jnp.ones((2, 3))}), ValueError, "params"),
+    ("params of another shape", _call(optkit.schedule_free_eval_params, optkit.schedule_free_adamw(0.1).init(SF), {"w": jnp.ones((3, 2))}), ValueError, "shape (3, 2) against z of shape (2, 3)"),
+]:
+    row("schedule_free_eval_params", case, thunk, exc, words)
+
 # init and update of every transformation
 for name in ALIASES:
     row(name, "init: integer leaf", _init(name, {"a": jnp.ones(2), "n": jnp.arange(3)}),

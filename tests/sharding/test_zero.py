@@ -1,10 +1,11 @@
 """ZeRO stage 1 (``optkit.state_sharding`` / ``optkit.shard_state``) and FSDP on 8 simulated CPU devices.
 
 Three jitted steps with the batch sharded over ``data``, the state split over ``data`` (and, for FSDP, the
-parameters too) give the one-device parameters (float32 rounding), for every optkit optimizer (Muon beside Adam
-through ``optax.partition``), an ``optax.chain`` and ``optax.inject_hyperparams``, on a mesh of JAX's default
-(explicit) axis types and on one of ``Auto`` axes; each device holds at most 1/8 of the replicated state plus the
-leaves that cannot be split. Runs in a child process with 8 devices when the suite has fewer (tests/_devices.py).
+parameters too) give the one-device parameters (float32 rounding), for every optkit optimizer (schedule-free
+AdamW; Muon beside Adam through ``optax.partition``), an ``optax.chain`` and ``optax.inject_hyperparams``, on a
+mesh of JAX's default (explicit) axis types and on one of ``Auto`` axes; each device holds at most 1/8 of the
+replicated state plus the leaves that cannot be split. Runs in a child process with 8 devices when the suite has
+fewer (tests/_devices.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ else:
         "muon": lambda: optax.partition(
             {"muon": optkit.muon(1e-2, ns_dtype=jnp.float32), "adam": optkit.adam(1e-2)},
             lambda p: jax.tree.map(lambda a: "muon" if a.ndim == 2 else "adam", p)),
+        "schedule_free_adamw": lambda: optkit.schedule_free_adamw(1e-2, warmup_steps=2, weight_decay=0.01),
     }
 
     def _problem():
