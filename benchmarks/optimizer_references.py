@@ -1,8 +1,9 @@
-"""The reference implementations of Muon and schedule-free AdamW, run once to give the suite its fixtures.
+"""Muon's, schedule-free AdamW's and 8-bit Adam's reference implementations, run once to make the suite's fixtures.
 
 ``python -m benchmarks.optimizer_references --env DIR`` builds (once) a virtual environment in ``DIR`` with
-``torch==2.13.0`` (a CPU build; ``torch.optim.Muon``), ``schedulefree==1.4.1`` (``AdamWScheduleFree``) and
-NumPy, and runs each reference there on a small tree for a few steps, from the same start and with the same
+``torch==2.13.0`` (a CPU build; ``torch.optim.Muon``), ``schedulefree==1.4.1`` (``AdamWScheduleFree``),
+``bitsandbytes==0.50.2`` (``Adam8bit``, which runs its 8-bit optimizers on the CPU) and NumPy, and runs each
+reference there on a small tree for a few steps, from the same start and with the same
 gradients as optkit's tests (both made here, with NumPy, and stored beside the results):
 
 - the gradient of each leaf at step ``t`` is ``scale * W_t + noise_t``, ``W_t`` the parameters the reference
@@ -13,12 +14,16 @@ gradients as optkit's tests (both made here, with NumPy, and stored beside the r
   ``nesterov=False``), and in float32 as it ships (the iteration in bfloat16);
 - ``schedulefree.AdamWScheduleFree`` in float64 and float32 (``foreach`` as on CPU), with its ``eval()``
   parameters after every step (taken on a deep copy, so that the ``eval()``/``train()`` round trip, which is
-  not exact in floating point, does not perturb the trajectory).
+  not exact in floating point, does not perturb the trajectory);
+- ``bitsandbytes.optim.Adam8bit`` in float32 (its CPU backend), with a parameter above ``min_8bit_size`` (8-bit
+  moments, a partial last block) and one below it (float32 moments), keeping the codes and absmax of both
+  moments after the last step; and bitsandbytes' own ``quantize_blockwise`` on random first and second moments
+  (zeros, tiny and huge values among them), its codes and absmax kept.
 
 The results, the inputs and the package versions are written to ``tests/optimizers/references/`` (``muon.npz``,
-``schedule_free.npz``, ``versions.json``), committed; ``tests/optimizers/test_muon.py`` and
-``test_schedule_free.py`` compare optkit against them without installing torch. Nothing is downloaded but the
-packages.
+``schedule_free.npz``, ``adam8bit.npz``, ``versions.json``), committed; ``tests/optimizers/test_muon.py``,
+``test_schedule_free.py`` and ``test_adam8bit.py`` compare optkit against them without installing torch. Nothing
+is downloaded but the packages.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "optimizers" / "references"
-PACKAGES = ["torch==2.13.0", "schedulefree==1.4.1", "numpy"]
+PACKAGES = ["torch==2.13.0", "schedulefree==1.4.1", "bitsandbytes==0.50.2", "numpy"]
 STEPS = 10
 MUON_SHAPES = {"tall": (6, 4), "wide": (3, 5), "square": (4, 4)}
 SCHEDULE_FREE_SHAPES = {"w": (4, 3), "b": (3,), "s": ()}
@@ -47,6 +52,12 @@ MUON_CASES = [
     ("f64_coefficients", "float64", {"learning_rate": 0.01, "weight_decay": 0.01, "ns_steps": 7, "eps": 1e-3,
                                      "ns_coefficients": [2.0, -1.5, 0.5]}),
     ("f32_bfloat16", "float32", {"learning_rate": 0.02}),
+]
+ADAM8BIT_SHAPES = {"w": (64, 70), "b": (100,)}  # 4480 elements: 8-bit, 17 blocks and a half; 100: float32
+ADAM8BIT_KEPT = (1, STEPS)  # the steps whose parameters are kept (the fixture stays small)
+ADAM8BIT_CASES = [
+    ("default", "float32", {"learning_rate": 0.01}),
+    ("decay", "float32", {"learning_rate": 0.003, "b1": 0.8, "b2": 0.99, "eps": 1e-6, "weight_decay": 0.1}),
 ]
 SCHEDULE_FREE_CASES = [
     ("f64_default", "float64", {"learning_rate": 0.01}),
@@ -143,6 +154,56 @@ def _torch_schedule_free(data, dtype, kwargs):
     return out
 
 
+def _bitsandbytes_adam8bit(data, dtype, kwargs):
+    import bitsandbytes
+    import torch
+
+    names = list(ADAM8BIT_SHAPES)
+    params = [torch.nn.Parameter(torch.tensor(data[f"init/{n}"], dtype=getattr(torch, dtype))) for n in names]
+    opt = bitsandbytes.optim.Adam8bit(params, lr=kwargs["learning_rate"], betas=(kwargs.get("b1", 0.9),
+                                      kwargs.get("b2", 0.999)), eps=kwargs.get("eps", 1e-8),
+                                      weight_decay=kwargs.get("weight_decay", 0.0))
+    traj = {n: [p.detach().numpy().copy()] for n, p in zip(names, params)}
+    for t in range(STEPS):
+        for n, p in zip(names, params):
+            p.grad = torch.tensor(gradient(data, n, p.detach().numpy(), t))
+        opt.step()
+        for n, p in zip(names, params):
+            traj[n].append(p.detach().numpy().copy())
+    out = {f"traj/{n}": np.stack([v[t] for t in ADAM8BIT_KEPT]) for n, v in traj.items()}
+    for n, p in zip(names, params):
+        for key, value in opt.state[p].items():
+            if isinstance(value, torch.Tensor) and key not in ("qmap1", "qmap2"):
+                out[f"state/{n}/{key}"] = value.numpy().copy()
+    return out
+
+
+def _bitsandbytes_codes(seed: int) -> dict[str, np.ndarray]:
+    """bitsandbytes' CPU quantize_blockwise (blocks of 256) on random moments: signed (normal, with zeros and a
+    huge value) and unsigned (squares, with zeros and tiny values); the inputs, codes and absmax."""
+    import bitsandbytes.functional as F
+    import torch
+
+    rng = np.random.default_rng(seed)
+    signed = rng.normal(0.0, 1.0, 256 * 20 + 77).astype(np.float32)
+    signed[:256] = 0.0  # a block of zeros
+    signed[300:310] = 0.0
+    signed[600] = 1e30
+    signed[900:1000] *= 1e-6
+    unsigned = (rng.normal(0.0, 1.0, 256 * 20 + 77) ** 2).astype(np.float32)
+    unsigned[300:310] = 0.0
+    unsigned[900:1000] *= 1e-9
+    out = {}
+    for name, values, is_signed in (("signed", signed, True), ("unsigned", unsigned, False)):
+        code = F.create_dynamic_map(signed=is_signed)
+        codes, absmax = torch.ops.bitsandbytes.quantize_blockwise(torch.tensor(values), code, 256)
+        out[f"codes/{name}/input"] = values
+        out[f"codes/{name}/codes"] = codes.numpy().copy()
+        out[f"codes/{name}/absmax"] = absmax.numpy().copy()
+        out[f"codes/{name}/map"] = code.numpy().copy()
+    return out
+
+
 def _child(out_dir: str) -> None:
     import importlib.metadata
 
@@ -169,7 +230,14 @@ def _child(out_dir: str) -> None:
         cases[f"schedule_free/{name}"] = {"dtype": dtype, "kwargs": kwargs}
     np.savez_compressed(out / "schedule_free.npz", **results)
 
-    versions = {p: importlib.metadata.version(p) for p in ("torch", "schedulefree", "numpy")}
+    data = {k: v.astype(np.float32) for k, v in inputs(ADAM8BIT_SHAPES, seed=2).items()}  # float32 runs
+    results = {**data, **_bitsandbytes_codes(seed=3)}
+    for name, dtype, kwargs in ADAM8BIT_CASES:
+        results.update({f"{name}/{k}": v for k, v in _bitsandbytes_adam8bit(data, dtype, kwargs).items()})
+        cases[f"adam8bit/{name}"] = {"dtype": dtype, "kwargs": kwargs, "kept_steps": list(ADAM8BIT_KEPT)}
+    np.savez_compressed(out / "adam8bit.npz", **results)
+
+    versions = {p: importlib.metadata.version(p) for p in ("torch", "schedulefree", "bitsandbytes", "numpy")}
     (out / "versions.json").write_text(json.dumps({
         "made_by": "python -m benchmarks.optimizer_references --env DIR", "python": sys.version.split()[0],
         "versions": versions, "torch_build": torch.__version__, "steps": STEPS, "cases": cases,

@@ -11,6 +11,7 @@ those of a published specification (see SPEC.md):
   on named tensors, as nested ``jax.vjp``;
 - :func:`muon` — Muon as ``torch.optim.Muon`` computes it (2-D parameters);
 - :func:`schedule_free_adamw` — schedule-free AdamW as ``schedulefree.AdamWScheduleFree`` computes it;
+- :func:`adam8bit` — 8-bit blockwise Adam as bitsandbytes' ``Adam8bit`` computes it;
 - :func:`adafactor` — Adafactor (Shazeer & Stern 2018), with sublinear memory;
   :func:`t5x_adafactor` — the same algorithm with T5X's arguments and factor rules.
 
@@ -41,6 +42,14 @@ from optkit._src.adafactor import (
 )
 from optkit._src.adagrad import ScaleByOnnxAdagradState, adagrad, scale_by_onnx_adagrad
 from optkit._src.adam import ScaleByDmlAdamState, adam, scale_by_dml_adam
+from optkit._src.adam8bit import (
+    QuantizedMoment,
+    ScaleByAdam8bitState,
+    adam8bit,
+    dequantize_blockwise,
+    dynamic_map,
+    quantize_blockwise,
+)
 from optkit._src.flat import FlatParams
 from optkit._src.gradient import gradient
 from optkit._src.graph import GradientNode, Graph, GraphNode
@@ -66,6 +75,12 @@ __all__ = [
     "muon",
     "newton_schulz",
     "ScaleByMuonState",
+    "adam8bit",
+    "ScaleByAdam8bitState",
+    "QuantizedMoment",
+    "quantize_blockwise",
+    "dequantize_blockwise",
+    "dynamic_map",
     "schedule_free_adamw",
     "schedule_free_eval_params",
     "ScheduleFreeAdamWState",

@@ -6,6 +6,8 @@ the dtype of its inputs (float64 in the exactness tests).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -390,3 +392,32 @@ class ScheduleFreeAdamW:
 
     def eval_params(self, y, z):
         return {n: y[n] + (1 - 1 / self.b1) * (z[n] - y[n]) for n in y}
+
+
+def quantize_nearest(x, code, block_size=256):
+    """SPEC 10's nearest rounding, written from the text: per block of ``block_size`` (row-major, zero-padded),
+    ``absmax = max|x|`` and each code the argmin of ``|x * (1 / absmax) - code|`` in float32 (ties: the lower
+    index); a block of zeros gets codes 0. Returns (codes of x's size, absmax)."""
+    flat = np.asarray(x, np.float32).reshape(-1)
+    pad = np.concatenate([flat, np.zeros(-flat.size % block_size, np.float32)]).reshape(-1, block_size)
+    absmax = np.abs(pad).max(axis=1)
+    inverse = np.where(absmax > 0, np.float32(1) / np.where(absmax > 0, absmax, 1), 0).astype(np.float32)
+    normed = pad * inverse[:, None]
+    codes = np.abs(normed[..., None] - code[None, None, :]).argmin(axis=-1).astype(np.uint8)
+    codes[absmax == 0] = 0
+    return codes.reshape(-1)[:flat.size], absmax
+
+
+def adam8bit_step(x, g, m, v, t, *, lr, b1, b2, eps, weight_decay, quantized):
+    """SPEC 10, one step of one parameter in float32 (m, v already dequantized), t counted from 1.
+
+    Returns (X_new, m, v) before the moments are quantized again.
+    """
+    f = np.float32
+    m = m * f(b1) + f(1 - b1) * g
+    v = v * f(b2) + f(1 - b2) * g * g
+    c1, c2 = 1 - b1 ** t, math.sqrt(1 - b2 ** t)
+    x = x * f(1 - lr * weight_decay) if weight_decay > 0 else x
+    if quantized:
+        return x + f(-lr / c1) * (m / (np.sqrt(v) / f(c2) + f(eps))), m, v
+    return x + f(-lr * c2 / c1) * (m / (np.sqrt(v) + f(eps * c2))), m, v

@@ -13,6 +13,10 @@ one mesh axis could not form their outer product (the axis would have to split t
 which a ``PartitionSpec`` cannot say and an explicit mesh refuses). The row statistic is split and the column
 statistic is left as it is: it is the smaller one whenever the factored leaf has more rows than columns (the
 usual ``(d_in, d_out)`` kernel with ``factored_dims="last"``), and it is the one the whole update reads.
+
+8-bit moments (:class:`~optkit._src.adam8bit.QuantizedMoment`): the codes ``(blocks, block_size)`` and the
+absmax ``(blocks,)`` are split over the same blocks (axis 0 of both) when the axis divides the block count, so that
+each device holds the absmax of the codes it holds; otherwise both keep their sharding.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from optkit._src.adafactor.state import FactoredSecondMoment
+from optkit._src.adam8bit import QuantizedMoment
 
 __all__ = ["state_sharding", "shard_state", "fsdp_rule"]
 
@@ -64,7 +69,8 @@ def state_sharding(state: Any, mesh: Mesh, axis: str = "data") -> Any:
     largest dimension that ``axis``'s size divides and that no mesh axis splits yet (the first such on a tie).
     A leaf with no such dimension (a scalar step count, a bias shorter than the axis) keeps its sharding.
     Adafactor's column statistics (``FactoredSecondMoment.v_col``) keep theirs, and the row statistics are
-    split: both split over one axis could not form their outer product (module docstring). Works on any
+    split: both split over one axis could not form their outer product (module docstring). 8-bit moments
+    (``QuantizedMoment``) split their codes and absmax over the same blocks, or neither. Works on any
     pytree: an optkit or Optax state, ``optax.chain`` and ``optax.inject_hyperparams`` states included, and
     ``to_jax``'s ``params`` (parameters split too: FSDP).
 
@@ -97,9 +103,22 @@ def state_sharding(state: Any, mesh: Mesh, axis: str = "data") -> Any:
         if isinstance(leaf, FactoredSecondMoment):
             return FactoredSecondMoment(_split(leaf.v_row, mesh, axis, size),
                                         NamedSharding(mesh, PartitionSpec(*_spec(leaf.v_col, mesh))))
+        if isinstance(leaf, QuantizedMoment):
+            return QuantizedMoment(*_same_blocks(leaf, mesh, axis, size))
         return _split(leaf, mesh, axis, size)
 
-    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, FactoredSecondMoment))
+    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, (FactoredSecondMoment, QuantizedMoment)))
+
+
+def _same_blocks(moment: QuantizedMoment, mesh: Mesh, axis: str, size: int) -> tuple[NamedSharding, NamedSharding]:
+    """Codes and absmax split over ``axis`` along their block axis (0) together, or both left as they are."""
+    codes, absmax = _spec(moment.codes, mesh), _spec(moment.absmax, mesh)
+    used = {name for entry in codes + absmax if entry is not None
+            for name in (entry if isinstance(entry, tuple) else (entry,))}
+    blocks = np.shape(moment.absmax)[0] if np.ndim(moment.absmax) else 0
+    if axis not in used and codes[0] is None and absmax[0] is None and blocks >= size and blocks % size == 0:
+        codes[0] = absmax[0] = axis
+    return NamedSharding(mesh, PartitionSpec(*codes)), NamedSharding(mesh, PartitionSpec(*absmax))
 
 
 def shard_state(state: Any, mesh: Mesh, axis: str = "data") -> Any:

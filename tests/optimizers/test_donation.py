@@ -33,6 +33,11 @@ OPTIMIZERS = {
     "adafactor-bfloat16-float32-state": lambda: optkit.adafactor(nu_dtype=jnp.float32),
     "adam-inject-hyperparams": lambda: optax.inject_hyperparams(optkit.adam)(learning_rate=1e-3),
     "adam-clip-chain": lambda: optax.chain(optax.clip_by_global_norm(1.0), optkit.adam(1e-3)),
+    "muon-partition": lambda: optax.partition(
+        {"muon": optkit.muon(0.02), "adam": optkit.adam(1e-3)},
+        lambda p: jax.tree.map(lambda a: "muon" if a.ndim == 2 else "adam", p)),
+    "schedule-free-adamw": lambda: optkit.schedule_free_adamw(1e-3, warmup_steps=2, weight_decay=0.01),
+    "adam8bit": lambda: optkit.adam8bit(1e-3, min_8bit_size=32),  # the kernel's moments in 8 bits
 }
 
 

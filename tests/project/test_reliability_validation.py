@@ -259,6 +259,33 @@ for case, thunk, exc, words in [
 ]:
     row("schedule_free_eval_params", case, thunk, exc, words)
 
+# 8-bit Adam and its quantization
+Q = {"w": jnp.ones((64, 80))}
+for case, thunk, exc, words in [
+    ("rounding='floor'", _call(optkit.adam8bit, 0.1, rounding="floor"), ValueError, "rounding must be one of ['nearest', 'table']"),
+    ("block_size=0", _call(optkit.adam8bit, 0.1, block_size=0), ValueError, "block_size must be an int >= 1, got 0"),
+    ("min_8bit_size=1.5", _call(optkit.adam8bit, 0.1, min_8bit_size=1.5), ValueError, "min_8bit_size must be an int >= 0, got 1.5"),
+    ("b1=1", _call(optkit.adam8bit, 0.1, b1=1.0), ValueError, "b1 must be in [0, 1), got 1.0"),
+    ("init: integer leaf", lambda: optkit.adam8bit(0.1).init({"n": jnp.ones(2, jnp.int32)}), TypeError, "params leaf at ['n'] must be a floating-point array"),
+    ("update: grads of another shape", lambda: optkit.adam8bit(0.1).update({"w": jnp.ones((64, 64))}, optkit.adam8bit(0.1).init(Q)), ValueError, "adam8bit: state.mu['w'] has codes (20, 256)"),
+    ("update: params=None with weight decay", lambda: optkit.adam8bit(0.1, weight_decay=0.1).update(Q, optkit.adam8bit(0.1).init(Q)), ValueError, "adam8bit: params=None"),
+    ("update: state=(None,)", lambda: optkit.adam8bit(0.1).update(Q, (None,)), TypeError, "must be the ScaleByAdam8bitState"),
+]:
+    row("adam8bit", case, thunk, exc, words)
+for fn, case, thunk, exc, words in [
+    ("quantize_blockwise", "rounding='up'", _call(optkit.quantize_blockwise, jnp.ones(3), rounding="up"), ValueError, "rounding must be one of"),
+    ("quantize_blockwise", "block_size=0", _call(optkit.quantize_blockwise, jnp.ones(3), block_size=0), ValueError, "block_size must be a positive int, got 0"),
+    ("quantize_blockwise", "integer x", _call(optkit.quantize_blockwise, jnp.ones(3, jnp.int32)), TypeError, "x must be a floating array, got dtype int32"),
+    ("quantize_blockwise", "signed='yes'", _call(optkit.quantize_blockwise, jnp.ones(3), signed="yes"), TypeError, "signed must be a bool"),
+    ("dequantize_blockwise", "shape too large", _call(optkit.dequantize_blockwise, optkit.quantize_blockwise(jnp.ones(3), block_size=4), (5,)), ValueError, "do not hold an array of shape (5,)"),
+    ("dequantize_blockwise", "an array, not a moment", _call(optkit.dequantize_blockwise, jnp.ones(3), (3,)), TypeError, "moment must be a QuantizedMoment"),
+    ("dequantize_blockwise", "shape=None", _call(optkit.dequantize_blockwise, optkit.quantize_blockwise(jnp.ones(3)), None), TypeError, "shape must be a sequence of non-negative integers"),
+    ("dynamic_map", "signed='yes'", _call(optkit.dynamic_map, "yes"), TypeError, "signed must be a bool, got 'yes'"),
+    ("dynamic_map", "signed=1", _call(optkit.dynamic_map, 1), TypeError, "signed must be a bool, got 1"),
+    ("dynamic_map", "signed=None", _call(optkit.dynamic_map, None), TypeError, "signed must be a bool, got None"),
+]:
+    row(fn, case, thunk, exc, words)
+
 # init and update of every transformation
 for name in ALIASES:
     row(name, "init: integer leaf", _init(name, {"a": jnp.ones(2), "n": jnp.arange(3)}),

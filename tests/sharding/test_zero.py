@@ -41,6 +41,7 @@ else:
             {"muon": optkit.muon(1e-2, ns_dtype=jnp.float32), "adam": optkit.adam(1e-2)},
             lambda p: jax.tree.map(lambda a: "muon" if a.ndim == 2 else "adam", p)),
         "schedule_free_adamw": lambda: optkit.schedule_free_adamw(1e-2, warmup_steps=2, weight_decay=0.01),
+        "adam8bit": lambda: optkit.adam8bit(1e-2, min_8bit_size=256),  # w1, w2 in 8 bits (8 and 2 blocks)
     }
 
     def _problem():
