@@ -42,14 +42,8 @@ from optkit._src.adafactor import (
 )
 from optkit._src.adagrad import ScaleByOnnxAdagradState, adagrad, scale_by_onnx_adagrad
 from optkit._src.adam import ScaleByDmlAdamState, adam, scale_by_dml_adam
-from optkit._src.adam8bit import (
-    QuantizedMoment,
-    ScaleByAdam8bitState,
-    adam8bit,
-    dequantize_blockwise,
-    dynamic_map,
-    quantize_blockwise,
-)
+from optkit._src.adam8bit import ScaleByAdam8bitState, adam8bit
+from optkit._src.blockwise import QuantizedMoment, dequantize_blockwise, dynamic_map, quantize_blockwise
 from optkit._src.flat import FlatParams
 from optkit._src.gradient import gradient
 from optkit._src.graph import GradientNode, Graph, GraphNode

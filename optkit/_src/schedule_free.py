@@ -69,7 +69,8 @@ def schedule_free_adamw(
     taken); :func:`schedule_free_eval_params` gives what ``optimizer.eval()`` puts in the model, to evaluate or
     save. Its arguments have ``optax.contrib.schedule_free_adamw``'s names, so the two swap; they differ in
     ``r`` (Optax has none), in holding ``y`` rather than recomputing it from ``z`` and ``x`` (Optax divides by
-    ``b1``), and in ``warmup_steps=0`` meaning none: the docs page "Muon, schedule-free AdamW" tables it.
+    ``b1``), and in ``warmup_steps=0`` meaning none: the docs page "Muon, schedule-free AdamW and 8-bit Adam"
+    tables it.
 
     Args:
       learning_rate: the reference's ``lr``, >= 0: a float or an Optax schedule (called with the count; the

@@ -14,7 +14,7 @@ which a ``PartitionSpec`` cannot say and an explicit mesh refuses). The row stat
 statistic is left as it is: it is the smaller one whenever the factored leaf has more rows than columns (the
 usual ``(d_in, d_out)`` kernel with ``factored_dims="last"``), and it is the one the whole update reads.
 
-8-bit moments (:class:`~optkit._src.adam8bit.QuantizedMoment`): the codes ``(blocks, block_size)`` and the
+8-bit moments (:class:`~optkit._src.blockwise.QuantizedMoment`): the codes ``(blocks, block_size)`` and the
 absmax ``(blocks,)`` are split over the same blocks (axis 0 of both) when the axis divides the block count, so that
 each device holds the absmax of the codes it holds; otherwise both keep their sharding.
 """
@@ -28,7 +28,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from optkit._src.adafactor.state import FactoredSecondMoment
-from optkit._src.adam8bit import QuantizedMoment
+from optkit._src.blockwise import QuantizedMoment
 
 __all__ = ["state_sharding", "shard_state", "fsdp_rule"]
 

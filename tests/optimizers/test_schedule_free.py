@@ -97,17 +97,19 @@ def test_optax_contrib_differs_only_by_rounding_where_it_has_the_same_algorithm(
         chex.assert_trees_all_close(ours[-1], theirs[-1], rtol=1e-12, atol=1e-14)
 
 
-def test_inject_hyperparams_under_jit_equals_the_plain_optimizer():
+def test_chain_and_inject_hyperparams_under_jit_equal_the_plain_optimizer():
     params = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(3)}
     runs = []
     for tx in (optkit.schedule_free_adamw(0.01, warmup_steps=2, weight_decay=0.1),
+               optax.chain(optax.identity(), optkit.schedule_free_adamw(0.01, warmup_steps=2, weight_decay=0.1)),
                optax.inject_hyperparams(optkit.schedule_free_adamw)(0.01, warmup_steps=2, weight_decay=0.1)):
         state, p = tx.init(params), params
         for _ in range(3):
             updates, state = jax.jit(tx.update)(jax.tree.map(jnp.sin, p), state, p)
             p = optax.apply_updates(p, updates)
-        runs.append((p, optkit.schedule_free_eval_params(state, p)))
+        runs.append((p, optkit.schedule_free_eval_params(state, p)))  # the state found inside chain's tuple
     chex.assert_trees_all_close(runs[0], runs[1], rtol=1e-6)
+    chex.assert_trees_all_close(runs[0], runs[2], rtol=1e-6)
 
 
 def test_nnx_optimizer_trains_y_and_eval_params_keep_the_boxes():

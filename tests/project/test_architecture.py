@@ -9,7 +9,8 @@ sys.path.insert(0, os.path.join(ROOT, "docs", "_ext"))
 import architecture  # noqa: E402
 
 EDGES, MEMBERS = architecture.import_graph(ROOT)
-ALGORITHMS = {f"optkit/_src/{m}" for m in ("adagrad", "adam", "momentum", "adafactor", "gradient", "graph")}
+ALGORITHMS = {f"optkit/_src/{m}" for m in ("adagrad", "adam", "momentum", "adafactor", "gradient", "graph", "muon",
+                                            "schedule_free", "adam8bit")}
 
 
 def test_no_import_cycle_between_modules():

@@ -111,3 +111,22 @@ def test_the_quick_tier_keeps_each_functions_cheapest_case_then_the_cheapest_wit
 
 # Seconds to minutes each: left out of the quick check (python -m pytest -m 'not slow').
 pytestmark = pytest.mark.slow
+
+
+@pytest.mark.slow
+def test_the_optimizer_benchmarks_agreement_rows_hold_what_the_docs_say():
+    """benchmarks.optimizers' agreement with the references: optkit's float64 runs equal torch's and schedulefree's
+    to rounding, Optax's Muon and Optax's schedule-free AdamW with ``r`` do not, and the two 8-bit roundings sit
+    where docs/recent-optimizers.md puts them."""
+    from benchmarks import optimizers
+
+    by_optimizer = {}
+    for row in optimizers.agreement():
+        by_optimizer.setdefault(row["optimizer"], []).append(row["max_relative_difference"])
+    assert max(by_optimizer["optkit.muon(ns_dtype=float64)"]) < 1e-14
+    assert max(by_optimizer["optkit.schedule_free_adamw"]) < 1e-14
+    assert min(by_optimizer["optax.contrib.muon"]) > 1e-3
+    assert max(by_optimizer["optax.contrib.schedule_free_adamw (no r)"]) > 1e-3  # the case with r
+    assert min(by_optimizer["optax.contrib.schedule_free_adamw (no r)"]) < 1e-13  # the case without
+    assert by_optimizer["optkit.adam8bit(rounding='table')"][0] < 1e-3 < by_optimizer[
+        "optkit.adam8bit(rounding='nearest')"][0]

@@ -41,7 +41,7 @@ def test_scanned_lm_trains_as_the_unrolled_one(tmp_path):
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("optimizer", ["adafactor", "adamw", "adam"])
+@pytest.mark.parametrize("optimizer", ["adafactor", "adamw", "adam", "adam8bit"])
 def test_onnx_finetune_jax_trains_with_any_optimizer_and_onnx_runtime_agrees(tmp_path, optimizer):
     from examples import onnx_finetune_jax
 
