@@ -69,8 +69,9 @@ def newton_schulz(
     ``torch.optim.Muon``'s ``_zeropower_via_newtonschulz``: the matrix in ``ns_dtype``, transposed when it has
     more rows than columns, divided by ``max(||U||_F, eps)``, then ``Y <- a Y + (b S + c S^2) Y`` with
     ``S = Y Y^T``. Every product and sum torch rounds to bfloat16 once is rounded once to ``ns_dtype`` here
-    (accumulating in at least float32). The result's singular values lie near 1 (in about [0.5, 1.5] with the
-    default coefficients), not exactly at 1.
+    (accumulating in at least float32; on CPU the operands are widened first, which can move a result by one
+    bfloat16 step against XLA's own bfloat16 product). The result's singular values lie near 1 (in about
+    [0.5, 1.5] with the default coefficients), not exactly at 1.
 
     Args:
       update: a 2-D floating array ``(A, B)``.
@@ -106,10 +107,18 @@ def newton_schulz(
     norm = _rounded(jnp.sqrt(jnp.sum(y32 * y32)), dtype).astype(acc)
     y = _rounded(y32 / jnp.maximum(norm, jnp.asarray(eps, dtype).astype(acc)), dtype)
 
+    # Products of ``dtype`` operands accumulated in ``acc``: natively where the backend multiplies bfloat16
+    # matrices (GPU, TPU), else with the operands widened to ``acc`` first (exact; XLA:CPU in jaxlib 0.8 has no
+    # bfloat16 product). Each result is rounded once to ``dtype``, as torch rounds its bfloat16 kernels' results.
+    widen = jax.default_backend() == "cpu"
+
+    def product(u, v):
+        return jnp.matmul(u.astype(acc), v.astype(acc)) if widen else jnp.matmul(u, v, preferred_element_type=acc)
+
     def iteration(_, y):
-        s = _rounded(jnp.matmul(y, y.T, preferred_element_type=acc), dtype)
-        s = _rounded(b * s.astype(acc) + c * jnp.matmul(s, s, preferred_element_type=acc), dtype)
-        return _rounded(a * y.astype(acc) + jnp.matmul(s, y, preferred_element_type=acc), dtype)
+        s = _rounded(product(y, y.T), dtype)
+        s = _rounded(b * s.astype(acc) + c * product(s, s), dtype)
+        return _rounded(a * y.astype(acc) + product(s, y), dtype)
 
     y = jax.lax.fori_loop(0, ns_steps, iteration, y)
     return y.T if tall else y
