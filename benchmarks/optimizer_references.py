@@ -83,19 +83,15 @@ def gradient(data: dict[str, np.ndarray], name: str, w: np.ndarray, t: int) -> n
     return (data[f"scale/{name}"].astype(w.dtype) * w + data[f"noise/{name}"][t].astype(w.dtype)).astype(w.dtype)
 
 
-def _torch_muon(data, dtype, kwargs):
+def _torch_run(data, names, dtype, make_optimizer, kept=None, after_step=None):
+    """``STEPS`` steps of the torch optimizer ``make_optimizer(params)`` from the inputs' start with their
+    gradients; the parameters after each step (``traj/<leaf>``, only the ``kept`` steps when given), and
+    ``(params, optimizer)`` for the caller to read the states from. ``after_step(params, optimizer)`` runs after
+    every step."""
     import torch
 
-    names = list(MUON_SHAPES)
     params = [torch.nn.Parameter(torch.tensor(data[f"init/{n}"], dtype=getattr(torch, dtype))) for n in names]
-    mapped = {"lr": kwargs["learning_rate"], **{k: v for k, v in kwargs.items()
-                                                 if k in ("momentum", "nesterov", "weight_decay", "eps",
-                                                          "ns_steps")}}
-    if "adjust_lr" in kwargs:
-        mapped["adjust_lr_fn"] = kwargs["adjust_lr"]
-    if "ns_coefficients" in kwargs:
-        mapped["ns_coefficients"] = tuple(kwargs["ns_coefficients"])
-    opt = torch.optim.Muon(params, **mapped)
+    opt = make_optimizer(params)
     traj = {n: [p.detach().numpy().copy()] for n, p in zip(names, params)}
     for t in range(STEPS):
         for n, p in zip(names, params):
@@ -103,7 +99,24 @@ def _torch_muon(data, dtype, kwargs):
         opt.step()
         for n, p in zip(names, params):
             traj[n].append(p.detach().numpy().copy())
-    out = {f"traj/{n}": np.stack(v) for n, v in traj.items()}
+        if after_step is not None:
+            after_step(params, opt)
+    kept = range(STEPS + 1) if kept is None else kept
+    return {f"traj/{n}": np.stack([v[t] for t in kept]) for n, v in traj.items()}, params, opt
+
+
+def _torch_muon(data, dtype, kwargs):
+    import torch
+
+    names = list(MUON_SHAPES)
+    mapped = {"lr": kwargs["learning_rate"], **{k: v for k, v in kwargs.items()
+                                                 if k in ("momentum", "nesterov", "weight_decay", "eps",
+                                                          "ns_steps")}}
+    if "adjust_lr" in kwargs:
+        mapped["adjust_lr_fn"] = kwargs["adjust_lr"]
+    if "ns_coefficients" in kwargs:
+        mapped["ns_coefficients"] = tuple(kwargs["ns_coefficients"])
+    out, params, opt = _torch_run(data, names, dtype, lambda params: torch.optim.Muon(params, **mapped))
     out.update({f"mu/{n}": opt.state[p]["momentum_buffer"].numpy().copy() for n, p in zip(names, params)})
     return out
 
@@ -125,29 +138,27 @@ def _torch_schedule_free(data, dtype, kwargs):
     import copy
 
     import schedulefree
-    import torch
 
     names = list(SCHEDULE_FREE_SHAPES)
-    params = [torch.nn.Parameter(torch.tensor(data[f"init/{n}"], dtype=getattr(torch, dtype))) for n in names]
-    opt = schedulefree.AdamWScheduleFree(
-        params, lr=kwargs["learning_rate"], betas=(kwargs.get("b1", 0.9), kwargs.get("b2", 0.999)),
-        eps=kwargs.get("eps", 1e-8), weight_decay=kwargs.get("weight_decay", 0.0),
-        warmup_steps=kwargs.get("warmup_steps", 0), r=kwargs.get("r", 0.0),
-        weight_lr_power=kwargs.get("weight_lr_power", 2.0))
-    opt.train()
-    traj = {n: [p.detach().numpy().copy()] for n, p in zip(names, params)}
-    evals = {n: [p.detach().numpy().copy()] for n, p in zip(names, params)}
-    for t in range(STEPS):
-        for n, p in zip(names, params):
-            p.grad = torch.tensor(gradient(data, n, p.detach().numpy(), t))
-        opt.step()
-        for n, p in zip(names, params):
-            traj[n].append(p.detach().numpy().copy())
+
+    def make(params):
+        opt = schedulefree.AdamWScheduleFree(
+            params, lr=kwargs["learning_rate"], betas=(kwargs.get("b1", 0.9), kwargs.get("b2", 0.999)),
+            eps=kwargs.get("eps", 1e-8), weight_decay=kwargs.get("weight_decay", 0.0),
+            warmup_steps=kwargs.get("warmup_steps", 0), r=kwargs.get("r", 0.0),
+            weight_lr_power=kwargs.get("weight_lr_power", 2.0))
+        opt.train()
+        return opt
+
+    evals = {n: [data[f"init/{n}"].astype(dtype)] for n in names}
+
+    def evaluated(params, opt):  # eval() on a deep copy: the eval/train round trip is not exact
         twin_params, twin = copy.deepcopy((params, opt))
         twin.eval()
         for n, p in zip(names, twin_params):
             evals[n].append(p.detach().numpy().copy())
-    out = {f"traj/{n}": np.stack(v) for n, v in traj.items()}
+
+    out, params, opt = _torch_run(data, names, dtype, make, after_step=evaluated)
     out.update({f"eval/{n}": np.stack(v) for n, v in evals.items()})
     out.update({f"z/{n}": opt.state[p]["z"].numpy().copy() for n, p in zip(names, params)})
     out.update({f"nu/{n}": opt.state[p]["exp_avg_sq"].numpy().copy() for n, p in zip(names, params)})
@@ -159,18 +170,9 @@ def _bitsandbytes_adam8bit(data, dtype, kwargs):
     import torch
 
     names = list(ADAM8BIT_SHAPES)
-    params = [torch.nn.Parameter(torch.tensor(data[f"init/{n}"], dtype=getattr(torch, dtype))) for n in names]
-    opt = bitsandbytes.optim.Adam8bit(params, lr=kwargs["learning_rate"], betas=(kwargs.get("b1", 0.9),
-                                      kwargs.get("b2", 0.999)), eps=kwargs.get("eps", 1e-8),
-                                      weight_decay=kwargs.get("weight_decay", 0.0))
-    traj = {n: [p.detach().numpy().copy()] for n, p in zip(names, params)}
-    for t in range(STEPS):
-        for n, p in zip(names, params):
-            p.grad = torch.tensor(gradient(data, n, p.detach().numpy(), t))
-        opt.step()
-        for n, p in zip(names, params):
-            traj[n].append(p.detach().numpy().copy())
-    out = {f"traj/{n}": np.stack([v[t] for t in ADAM8BIT_KEPT]) for n, v in traj.items()}
+    out, params, opt = _torch_run(data, names, dtype, lambda params: bitsandbytes.optim.Adam8bit(
+        params, lr=kwargs["learning_rate"], betas=(kwargs.get("b1", 0.9), kwargs.get("b2", 0.999)),
+        eps=kwargs.get("eps", 1e-8), weight_decay=kwargs.get("weight_decay", 0.0)), kept=ADAM8BIT_KEPT)
     for n, p in zip(names, params):
         for key, value in opt.state[p].items():
             if isinstance(value, torch.Tensor) and key not in ("qmap1", "qmap2"):

@@ -55,3 +55,26 @@ def run(tx, values, dtype, steps, step=None, params_of=None):
         params = optax.apply_updates(params, updates)
         trajectory.append(params)
     return trajectory, state
+
+
+def nnx_optimizer_equals_functional(make_tx, n_in: int, n_out: int, *, use_bias: bool = True, steps: int = 3,
+                                    seed: int = 0):
+    """``steps`` of ``nnx.Optimizer(model, make_tx())`` on an ``nnx.Linear`` equal the same steps of ``make_tx()``
+    on a dict of its parameters (loss ``mean((x W + b)^2)``); returns ``(model, optimizer, params, state)``."""
+    import pytest
+
+    nnx = pytest.importorskip("flax.nnx")
+    model = nnx.Linear(n_in, n_out, use_bias=use_bias, rngs=nnx.Rngs(0))
+    x = jax.numpy.asarray(np.random.default_rng(seed).normal(size=(8, n_in)), jax.numpy.float32)
+    params = {k: jax.numpy.asarray(v[...]) for k, v in nnx.state(model, nnx.Param).items()}
+    optimizer = nnx.Optimizer(model, make_tx(), wrt=nnx.Param)
+    for _ in range(steps):
+        optimizer.update(model, nnx.grad(lambda m: jax.numpy.mean(m(x) ** 2))(model))
+    tx = make_tx()
+    state = tx.init(params)
+    for _ in range(steps):
+        grads = jax.grad(lambda p: jax.numpy.mean((x @ p["kernel"] + p.get("bias", 0.0)) ** 2))(params)
+        updates, state = tx.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+    np.testing.assert_allclose(np.asarray(model.kernel[...]), np.asarray(params["kernel"]), rtol=1e-6, atol=1e-7)
+    return model, optimizer, params, state

@@ -136,27 +136,7 @@ def test_an_injected_learning_rate_changes_the_step():
 
 
 def test_nnx_optimizer_steps_as_the_functional_form():
-    nnx = pytest.importorskip("flax.nnx")
-    model = nnx.Linear(4, 3, use_bias=False, rngs=nnx.Rngs(0))
-    x = jnp.asarray(np.random.default_rng(2).normal(size=(8, 4)), jnp.float32)
-    params = nnx.state(model, nnx.Param)
-    kernel = jnp.asarray(params["kernel"][...])
-
-    def loss(m):
-        return jnp.mean(m(x) ** 2)
-
-    optimizer = nnx.Optimizer(model, optkit.muon(0.05), wrt=nnx.Param)
-    for _ in range(2):
-        optimizer.update(model, nnx.grad(loss)(model))
-
-    tx = optkit.muon(0.05)
-    p = {"kernel": kernel}
-    state = tx.init(p)
-    for _ in range(2):
-        grads = jax.grad(lambda p: jnp.mean((x @ p["kernel"]) ** 2))(p)
-        updates, state = tx.update(grads, state, p)
-        p = optax.apply_updates(p, updates)
-    np.testing.assert_allclose(np.asarray(model.kernel[...]), np.asarray(p["kernel"]), rtol=1e-6, atol=1e-7)
+    reference_runs.nnx_optimizer_equals_functional(lambda: optkit.muon(0.05), 4, 3, use_bias=False, steps=2)
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
