@@ -31,6 +31,7 @@ from optkit._src.blockwise import (
     dequantize_blockwise,
     quantize_blockwise,
 )
+from optkit._src.numerics import map_leaves
 
 __all__ = ["ScaleByAdam8bitState", "adam8bit"]
 
@@ -176,11 +177,9 @@ def adam8bit(
                 v32 = quantize_blockwise(v32, signed=False, block_size=block_size, rounding=rounding)
             return step.astype(g.dtype), m32, v32
 
-        xs = params if params is not None and reason is not None else jax.tree.map(lambda _: None, updates)
-        out = jax.tree.map(per_leaf, updates, state.mu, state.nu, xs,
-                           is_leaf=lambda v: v is None or _is_moment(v))
-        pick = [jax.tree.map(lambda _, o, i=i: o[i], updates, out) for i in range(3)]
-        return pick[0], ScaleByAdam8bitState(optax.safe_increment(state.count), pick[1], pick[2])
+        new_updates, mu, nu = map_leaves(per_leaf, 3, updates, state.mu, state.nu,
+                                         params if reason is not None else None)
+        return new_updates, ScaleByAdam8bitState(optax.safe_increment(state.count), mu, nu)
 
     return optax.chain(optax.GradientTransformation(init_fn, update_fn))
 

@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec
 from jax.typing import DTypeLike
 
 from optkit._src import hyperparams, sharding, trees
-from optkit._src.numerics import compute_dtype
+from optkit._src.numerics import compute_dtype, map_leaves
 
 __all__ = ["ScaleByMuonState", "muon", "newton_schulz"]
 
@@ -281,10 +281,7 @@ def muon(
                 step = step - lr * jnp.asarray(weight_decay, dtype) * x.astype(dtype)
             return step.astype(g.dtype), m_new.astype(m.dtype)
 
-        xs = params if params is not None and reason is not None else jax.tree.map(lambda _: None, updates)
-        pairs = jax.tree.map(per_leaf, updates, state.mu, xs, is_leaf=lambda v: v is None)
-        new_updates = jax.tree.map(lambda _, pair: pair[0], updates, pairs)
-        new_mu = jax.tree.map(lambda _, pair: pair[1], updates, pairs)
+        new_updates, new_mu = map_leaves(per_leaf, 2, updates, state.mu, params if reason is not None else None)
         return new_updates, ScaleByMuonState(optax.safe_increment(state.count), new_mu)
 
     return optax.chain(optax.GradientTransformation(init_fn, update_fn))

@@ -89,7 +89,8 @@ def map_leaves(fn: Callable[..., tuple[Any, ...]], num_outputs: int, tree: Any, 
     """Apply a multi-output per-leaf ``fn`` over trees shaped like ``tree``; a tuple of trees back.
 
     ``others`` may contain None (for example absent ``params``), which passes
-    None to ``fn`` for every leaf. Leaves are converted with ``jnp.asarray``
+    None to ``fn`` for every leaf, and a subtree (a NamedTuple) where ``tree`` has a leaf, passed whole.
+    Leaves are converted with ``jnp.asarray``
     (a Python float parameter becomes a weakly typed float32 array). Several
     tensors at once (ONNX's variadic inputs) are any pytree: the formulas are
     element-wise, so applying them leaf by leaf is what ONNX's "several tensors
@@ -100,8 +101,9 @@ def map_leaves(fn: Callable[..., tuple[Any, ...]], num_outputs: int, tree: Any, 
     for other in others:
         if other is None:
             columns.append([None] * treedef.num_leaves)
-        else:
-            columns.append([jnp.asarray(leaf) for leaf in treedef.flatten_up_to(other)])
+        else:  # a NamedTuple where ``tree`` has a leaf (an 8-bit moment's codes and absmax) is passed whole
+            columns.append([leaf if isinstance(leaf, tuple) else jnp.asarray(leaf)
+                            for leaf in treedef.flatten_up_to(other)])
     results = [fn(*leaves) for leaves in zip(*columns)]
     if not results:  # an empty tree gives empty trees
         return tuple(treedef.unflatten([]) for _ in range(num_outputs))

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import optax
 
 from optkit._src import hyperparams, sharding, trees
-from optkit._src.numerics import compute_dtype
+from optkit._src.numerics import compute_dtype, map_leaves
 
 __all__ = ["ScheduleFreeAdamWState", "schedule_free_adamw", "schedule_free_eval_params"]
 
@@ -148,10 +148,9 @@ def schedule_free_adamw(
             z_new = z_c - lr_l * normalized
             return (y_new - y_c).astype(y.dtype), z_new.astype(z.dtype), v_new.astype(v.dtype)
 
-        out = jax.tree.map(per_leaf, updates, params, state.z, state.nu)
-        pick = [jax.tree.map(lambda _, o, i=i: o[i], updates, out) for i in range(3)]
-        return pick[0], ScheduleFreeAdamWState(optax.safe_increment(state.count), state.b1, weight_sum, lr_max,
-                                               pick[1], pick[2])
+        new_updates, z, nu = map_leaves(per_leaf, 3, updates, params, state.z, state.nu)
+        return new_updates, ScheduleFreeAdamWState(optax.safe_increment(state.count), state.b1, weight_sum, lr_max,
+                                                   z, nu)
 
     return optax.chain(optax.GradientTransformation(init_fn, update_fn))
 
