@@ -32,6 +32,10 @@ if "xla_llvm_disable_expensive_passes" not in os.environ.get("XLA_FLAGS", ""):
 # and no gain was measured (the 8-device child took 168-191 s in runs with and without it). Removed when the process
 # that made it exits.
 _CACHE = "OPTKIT_TESTS_XLA_CACHE"
+# optkit turns JAX's cache on in the user's cache directory (optkit.onnx.compilation_cache): not from the suite, whose
+# processes use the run's cache above and whose children compile without one (tests/onnx/api/test_compilation_cache.py
+# starts its own, with the default).
+os.environ.setdefault("OPTKIT_COMPILATION_CACHE", "off")
 if _CACHE not in os.environ and not os.environ.get("OPTKIT_SHARDING_SUBPROCESS"):
     os.environ[_CACHE] = tempfile.mkdtemp(prefix="optkit-tests-xla-cache-")
     atexit.register(shutil.rmtree, os.environ[_CACHE], True)

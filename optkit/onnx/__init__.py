@@ -30,6 +30,8 @@ import ``onnx``.
   :func:`with_initializers` writes trained weights back;
 - :func:`with_adapter_inputs`, :func:`export_adapters`, :func:`with_adapter_inputs_folder` — LoRA adapters as
   ONNX Runtime serves them: a base model with adapter inputs and one ``.onnx_adapter`` file per fine-tune;
+- :func:`compilation_cache` — JAX's persistent compilation cache, which every model load turns on (opt-out:
+  ``OPTKIT_COMPILATION_CACHE=off``);
 - :func:`supported_ops` — the op table's ``(domain, op_type, since_version)`` rows;
 - :func:`register_op` / :func:`unregister_op` — a JAX function for an operator of your own or a vendor's;
 - :class:`UnsupportedOpError` — raised for operators, versions or types optkit does not run;
@@ -78,6 +80,7 @@ from optkit.onnx._jax import OnnxFunction, to_jax
 from optkit.onnx._load.adapters import LoRA
 from optkit.onnx._load.files import ModelSource, load_model
 from optkit.onnx._load.pipeline import to_graph
+from optkit.onnx._run.cache import compilation_cache
 from optkit.onnx._load.protos import InputInfo
 from optkit.onnx._ops import supported_ops
 from optkit.onnx._training_model import make_training_model, next_feeds, with_initializers
@@ -95,6 +98,7 @@ __all__ = [
     "TensorTooLargeError",
     "UnsupportedOpError",
     "adapter_input_names",
+    "compilation_cache",
     "default_max_tensor_bytes",
     "export_adapters",
     "load_model",

@@ -30,6 +30,7 @@ from optkit.onnx._load.pipeline import load
 from optkit.onnx._load.protos import InputInfo, node_model
 from optkit.onnx._ops._common import on_cpu
 from optkit.onnx._plans.layers import layers_of
+from optkit.onnx._run.cache import compilation_cache
 from optkit.onnx._run.feeds import Feeds
 from optkit.onnx._run.held import held_weights
 from optkit.onnx._run.program import Program, graph_function, static_key
@@ -117,6 +118,7 @@ class BackendRep(onnx.backend.base.BackendRep):
 
     def __init__(self, loaded: Converted, device: Any, *, jit: bool = True, limits: Limits,
                  checks: bool = False, scan_layers: bool | None = None) -> None:
+        compilation_cache()  # (JAX's persistent cache on, unless the user chose: optkit.onnx._run.cache)
         self.device: Any = device  # a jax.Device
         self.limits: Limits = limits
         self.model: onnx.ModelProto = loaded.model

@@ -30,6 +30,7 @@ from optkit.onnx._load.files import ModelSource
 from optkit.onnx._load.pipeline import load
 from optkit.onnx._load.protos import InputInfo
 from optkit.onnx._plans.layers import layers_of
+from optkit.onnx._run.cache import compilation_cache
 from optkit.onnx._run.feeds import Feeds, run_dtype
 from optkit.onnx._run.held import gathered_where_used, held_weights
 from optkit.onnx._run.program import Program, graph_function
@@ -100,6 +101,7 @@ class OnnxFunction:
                  outputs: tuple[str, ...], single: bool,
                  checks: bool = False, scan_layers: bool | None = None, remat_layers: bool = False,
                  lora: LoRA | None = None) -> None:
+        compilation_cache()  # (JAX's persistent cache on, unless the user chose: optkit.onnx._run.cache)
         self.model: onnx.ModelProto | None = loaded.model
         self.inputs: tuple[InputInfo, ...] = loaded.inputs
         self.outputs: tuple[str, ...] = outputs
