@@ -80,9 +80,9 @@ from optkit.onnx._jax import OnnxFunction, to_jax
 from optkit.onnx._load.adapters import LoRA
 from optkit.onnx._load.files import ModelSource, load_model
 from optkit.onnx._load.pipeline import to_graph
-from optkit.onnx._run.cache import compilation_cache
 from optkit.onnx._load.protos import InputInfo
 from optkit.onnx._ops import supported_ops
+from optkit.onnx._run.cache import compilation_cache
 from optkit.onnx._training_model import make_training_model, next_feeds, with_initializers
 
 __all__ = [

@@ -29,10 +29,10 @@ from optkit.onnx._load.convert import Converted
 from optkit.onnx._load.files import ModelSource
 from optkit.onnx._load.pipeline import load
 from optkit.onnx._load.protos import InputInfo
-from optkit.onnx._plans.layers import layers_of
+from optkit.onnx._plans.layers import layers_of, stacked_name
 from optkit.onnx._run.cache import compilation_cache
 from optkit.onnx._run.feeds import Feeds, run_dtype
-from optkit.onnx._run.held import gathered_where_used, held_weights
+from optkit.onnx._run.held import gathered_where_used, held_weights, stacked_groups
 from optkit.onnx._run.program import Program, graph_function
 from optkit.onnx._summary import describe
 from optkit.onnx._training_model import select_trainable
@@ -72,6 +72,8 @@ class OnnxFunction:
       model: the checked ``onnx.ModelProto`` (with ``lora=``, the model with its adapter nodes).
       lora: the :class:`~optkit.onnx.LoRA` its adapters were made with, or None.
       adapters: the adapters' names in ``params`` (``<W>.lora_A``, ``<W>.lora_B``), or ().
+      stacked: ``{stacked parameter's name: its initializers' names, layer by layer}`` with
+        ``to_jax(..., stacked_params=True)``, else empty.
 
     Raises:
       TypeError: (at call, while tracing) ``params`` not a mapping, a
@@ -100,7 +102,7 @@ class OnnxFunction:
     def __init__(self, loaded: Converted, param_specs: Mapping[str, tuple[tuple[int, ...], np.dtype]],
                  outputs: tuple[str, ...], single: bool,
                  checks: bool = False, scan_layers: bool | None = None, remat_layers: bool = False,
-                 lora: LoRA | None = None) -> None:
+                 lora: LoRA | None = None, stacked_params: bool = False) -> None:
         compilation_cache()  # (JAX's persistent cache on, unless the user chose: optkit.onnx._run.cache)
         self.model: onnx.ModelProto | None = loaded.model
         self.inputs: tuple[InputInfo, ...] = loaded.inputs
@@ -118,6 +120,10 @@ class OnnxFunction:
             computed = {name: node for node in self._graph.nodes for name in node.outputs if name}
             self._layers.unrolled.update(self._layers.member[computed[name]] for name in outputs
                                          if name not in loaded.outputs and computed.get(name) in self._layers.member)
+        self.stacked: dict[str, tuple[str, ...]] = {}
+        if stacked_params:
+            self._stack_params(loaded.graph.initializers)
+        self._feed_names = {key: stacked_name(names) for key, names in self.stacked.items()}
         self._summary: str | None = None
         self.lora: LoRA | None = lora
         self.adapters: tuple[str, ...] = loaded.adapters
@@ -125,13 +131,74 @@ class OnnxFunction:
         if lora is not None:
             self._hold_frozen()
 
+    def _stack_params(self, initializers: Mapping[str, Any]) -> None:
+        """Hold each scanned run's per-layer trained initializers as one parameter with a leading layer axis
+        (:func:`~optkit.onnx._run.held.stacked_groups`), named ``<first layer's name>...<last layer's name>``."""
+        groups = stacked_groups(self._layers, initializers, self._specs)
+        first = {names[0]: names for names in groups}
+        grouped = {name for names in groups for name in names}
+        specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+        for name, (shape, dtype) in self._specs.items():
+            if name in first:
+                names = first[name]
+                key = f"{names[0]}...{names[-1]}"
+                if key in self._specs or key in initializers or key in specs:
+                    raise ValueError(f"stacked_params: the stacked parameter's name {key!r} is an initializer's")
+                specs[key] = ((len(names), *shape), dtype)
+                self.stacked[key] = names
+            elif name not in grouped:
+                specs[name] = (shape, dtype)
+        self._specs = specs
+        self.param_names = tuple(specs)
+
+    def unstacked(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` with each stacked parameter (``to_jax(..., stacked_params=True)``) given back as the ONNX
+        initializers it holds, one per layer: ``{initializer name: array}``, what
+        :func:`~optkit.onnx.with_initializers` and ONNX Runtime's names need. Other entries are passed through.
+
+        Args:
+          params: ``{name: array}`` with the names of :attr:`param_names` (``to_jax``'s ``params``, trained).
+
+        Returns:
+          A new dict; ``params`` is not changed. A stacked ``(layers, *shape)`` array gives ``layers`` arrays of
+          ``shape`` (slices: views of it for NumPy, new arrays for JAX).
+
+        Example:
+          >>> import numpy as np, optkit.onnx
+          >>> from onnx import TensorProto, helper, numpy_helper
+          >>> nodes, weights, h = [], [], "x"
+          >>> for k in range(3):  # three identical layers: h + f(h @ W_k), f six element-wise steps
+          ...     nodes.append(helper.make_node("MatMul", [h, f"W{k}"], [f"m{k}_0"]))
+          ...     for j, op in enumerate(["Tanh", "Sin", "Cos"] * 2):
+          ...         nodes.append(helper.make_node(op, [f"m{k}_{j}"], [f"m{k}_{j + 1}"]))
+          ...     nodes.append(helper.make_node("Add", [h, f"m{k}_6"], [f"h{k}"]))
+          ...     weights.append(numpy_helper.from_array(np.eye(2, dtype=np.float32) * (k + 1), f"W{k}"))
+          ...     h = f"h{k}"
+          >>> info = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 2])
+          >>> graph = helper.make_graph(nodes, "layers", [info("x")], [info(h)], weights)
+          >>> apply_fn, params = optkit.onnx.to_jax(helper.make_model(graph), scan_layers=True, stacked_params=True)
+          >>> {name: value.shape for name, value in params.items()}
+          {'W0...W2': (3, 2, 2)}
+          >>> {name: value[0, 0].item() for name, value in apply_fn.unstacked(params).items()}
+          {'W0': 1.0, 'W1': 2.0, 'W2': 3.0}
+        """
+        out: dict[str, Any] = {}
+        for name, value in params.items():
+            names = self.stacked.get(name)
+            if names is None:
+                out[name] = value
+            else:
+                out.update((layer, value[k]) for k, layer in enumerate(names))
+        return out
+
     def _hold_frozen(self, min_bytes: int = 2**20) -> None:
         """Feed the frozen initializers of ``min_bytes`` or more (not trained, not read where a value must be known
         before running) as device arrays made once, instead of NumPy constants of the traced program: with LoRA,
         the base weights. Under a caller's ``jax.jit`` they are then ``jax.Array`` constants, which JAX passes
         as arguments with ``jax_use_simplified_jaxpr_constants`` on, without a copy per call."""
         # (the per-layer weights of a scanned run stacked once here instead of at every call)
-        skip = set(self._specs) | set(self._loaded.static_initializers)
+        skip = {*self._specs, *(name for names in self.stacked.values() for name in names),
+                *self._loaded.static_initializers}
         self._frozen = held_weights(self._graph.initializers, self._layers, skip, min_bytes=min_bytes)
 
     def __call__(self, params: Mapping[str, Any], *inputs: Any, rng: Any = None) -> Any:
@@ -149,7 +216,7 @@ class OnnxFunction:
         # With checks, inside a caller's trace the checks are staged for the caller's checkify.checkify.
         inside = self._checks and any(isinstance(v, jax.core.Tracer) for v in values)
         run = graph_function(self._functions, self._graph, self.outputs, static,
-                             (*params, *self._frozen, *dynamic),
+                             (*(self._feed_names.get(name, name) for name in params), *self._frozen, *dynamic),
                              Program(checks=self._checks, jit=not inside, rng=rng is not None, layers=self._layers))
         result = run(*values)
         return result[0] if self._single else result
@@ -218,6 +285,7 @@ def to_jax(
     lora_key: Any = None,
     scan_layers: bool | None = None,
     remat_layers: bool = False,
+    stacked_params: bool = False,
 ) -> tuple[OnnxFunction, dict[str, jax.Array]]:
     """An ONNX model as a pure JAX function and its trainable parameters: ``apply_fn, params``.
 
@@ -288,6 +356,15 @@ def to_jax(
         unrolled one's: docs "Repeated layers").
       remat_layers: rematerialize the scanned layers in the backward pass (``jax.checkpoint`` of the scanned
         body): activation memory of one layer instead of all, for a second forward pass. Default False.
+      stacked_params: with ``scan_layers``, hold each scanned run's per-layer trained initializers as one
+        parameter with a leading layer axis (MaxText's and T5X's scanned parameters), so that no call stacks
+        them: ``params["<first layer's name>...<last layer's name>"]`` of shape ``(layers, *shape)`` in place
+        of the layers' own entries (``apply_fn.stacked`` maps each to its initializer names, in order). The
+        optimizer's state, ``OnnxModule``'s ``nnx.Param``, checkpoints and sharding rules then see the stacked
+        arrays; :func:`with_initializers` (given ``apply_fn``, or an ``OnnxModule``) and
+        :meth:`OnnxFunction.unstacked` give them back per initializer. A run cut where its weights change shape
+        (ResNet's stages) stacks each stretch of 2 layers or more; weights only some layers train, and runs that
+        are not scanned, keep their names. Default False.
 
     Returns:
       ``(apply_fn, params)``.
@@ -350,7 +427,17 @@ def to_jax(
         if unknown or not chosen:
             raise ValueError(f"outputs {unknown or list(chosen)} are neither graph outputs nor values a node of "
                              f"the main graph computes; the outputs are {list(loaded.outputs)}")
+    if not isinstance(stacked_params, (bool, np.bool_)):
+        raise TypeError(f"stacked_params must be True or False, got {stacked_params!r}")
+    if stacked_params and scan_layers is False:
+        raise ValueError("stacked_params=True holds the weights of scanned layers: it needs scan_layers=True (or "
+                         "None), not False")
     specs = {name: (tuple(np.shape(values[name])), np.asarray(values[name]).dtype) for name in names}
-    params = {name: jnp.asarray(values[name], run_dtype(specs[name][1])) for name in names}
-    apply_fn = OnnxFunction(loaded, specs, tuple(chosen), single, checks, scan_layers, remat_layers, lora)
+    apply_fn = OnnxFunction(loaded, specs, tuple(chosen), single, checks, scan_layers, remat_layers, lora,
+                            bool(stacked_params))
+    params = {}
+    for name, (_, dtype) in apply_fn._specs.items():
+        layers = apply_fn.stacked.get(name)
+        value = values[name] if layers is None else np.stack([np.asarray(values[layer]) for layer in layers])
+        params[name] = jnp.asarray(value, run_dtype(dtype))
     return apply_fn, params

@@ -49,12 +49,13 @@ class OnnxModule(nnx.Module):
       deterministic: no random draws (``module.eval()`` sets it, ``module.train()`` clears it).
       rng_collection: the stream of ``rngs`` drawn from.
       kwargs: ``base_dir``, ``max_tensor_bytes``, ``max_gradient_depth``,
-        ``max_gradient_passes``, as :func:`prepare`; ``scan_layers`` and ``remat_layers``, as
+        ``max_gradient_passes``, as :func:`prepare`; ``scan_layers``, ``remat_layers`` and ``stacked_params``, as
         :func:`to_jax`.
 
     Attributes:
       params: an ``nnx.Dict`` from initializer name to ``nnx.Param`` (shape and
-        dtype of the initializer); each Param's metadata has ``onnx_name``.
+        dtype of the initializer); each Param's metadata has ``onnx_name`` (a stacked parameter's: its
+        initializers' names, layer by layer, a tuple).
       apply_fn: the :class:`~optkit.onnx.OnnxFunction` it calls.
 
     Raises:
@@ -106,7 +107,7 @@ class OnnxModule(nnx.Module):
         adapters = set(getattr(apply_fn, "adapters", ()))
         params = {}
         for name, value in values.items():
-            metadata: dict[str, Any] = {"onnx_name": name}
+            metadata: dict[str, Any] = {"onnx_name": apply_fn.stacked.get(name, name)}
             names = None if sharding is None else sharding(name, tuple(value.shape))
             if names is not None:
                 names = tuple(names)

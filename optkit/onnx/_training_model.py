@@ -257,7 +257,9 @@ def with_initializers(model: ModelSource | Any, values: Mapping[str, Any], *, lo
         bytes, or ``to_jax``'s ``apply_fn`` (its ``model``: the file it was made from, without LoRA; with
         ``lora=`` pass the original model or its path).
       values: initializer name -> array of the initializer's shape (its dtype is kept), as
-        :func:`to_jax`'s ``params``; or the ``nnx.State`` of an :class:`OnnxModule`'s parameters
+        :func:`to_jax`'s ``params`` (stacked parameters of ``stacked_params=True`` are written layer by layer
+        when ``model`` is ``apply_fn`` or ``values`` an :class:`OnnxModule`); or the ``nnx.State`` of an
+        :class:`OnnxModule`'s parameters
         (``nnx.state(module, nnx.Param)``), or the module itself. Adapters of ``to_jax(..., lora=...)``
         (``<W>.lora_A``, ``<W>.lora_B``) are written as ``merge`` says.
       lora: the :class:`~optkit.onnx.LoRA` the adapters in ``values`` were trained with (an
@@ -291,8 +293,11 @@ def with_initializers(model: ModelSource | Any, values: Mapping[str, Any], *, lo
       array([1., 2.], dtype=float32)
     """
     lora = lora if lora is not None else getattr(getattr(values, "apply_fn", None), "lora", None)
+    runner = model if hasattr(model, "unstacked") else getattr(values, "apply_fn", None)
     model = model_proto(model)
     values = by_initializer_name(values)
+    if getattr(runner, "stacked", None):  # to_jax(..., stacked_params=True): one initializer per layer again
+        values = runner.unstacked(values)
     adapters = {name: v for name, v in values.items() if name.endswith((".lora_A", ".lora_B"))}
     if adapters:
         if any(node.domain == ADAPTER_DOMAIN for node in model.graph.node):
@@ -308,7 +313,9 @@ def with_initializers(model: ModelSource | Any, values: Mapping[str, Any], *, lo
     index = {init.name: i for i, init in enumerate(new.graph.initializer)}
     for name, value in values.items():
         if name not in index:
-            raise ValueError(f"{name!r} is not an initializer of the model")
+            raise ValueError(f"{name!r} is not an initializer of the model"
+                             + (" (a stacked parameter of to_jax(..., stacked_params=True)? pass apply_fn as model, or "
+                                "apply_fn.unstacked(values))" if "..." in name else ""))
         old = new.graph.initializer[index[name]]
         array = np.asarray(value)
         if tuple(array.shape) != tuple(old.dims):

@@ -40,7 +40,8 @@ import numpy as np
 from optkit import Graph
 from optkit._src.graph.nodes import GraphNode
 
-__all__ = ["Layers", "Run", "find_layers", "layers_of", "node_key", "stacked_name", "MIN_BLOCK", "AUTO_MIN_BLOCKS"]
+__all__ = ["Layers", "Run", "find_layers", "layers_of", "node_key", "stacked_name", "stacked_names", "STACKED",
+           "MIN_BLOCK", "AUTO_MIN_BLOCKS"]
 
 _log = logging.getLogger("optkit.onnx")
 
@@ -300,8 +301,16 @@ def node_key(node: Any, version: int, fused: Sequence[Any] = ()) -> tuple:
             tuple((p.domain, p.op_type, tuple(a.SerializeToString() for a in p.attribute)) for p in fused))
 
 
+STACKED = "\x00stacked\x00"  # the start of a stacked feed's name
+
+
 def stacked_name(names: Sequence[str]) -> str:
     """The feed name under which a runner gives the tensors ``names`` (one per block of a run) already stacked:
     :func:`optkit.onnx._run.scanned.evaluate` reads it instead of stacking them (not a name an ONNX graph can hold:
     it starts with NUL)."""
-    return "\x00stacked\x00" + "\x00".join(names)
+    return STACKED + "\x00".join(names)
+
+
+def stacked_names(name: str) -> list[str]:
+    """The tensors of a :func:`stacked_name`, in the layers' order."""
+    return name[len(STACKED):].split("\x00")

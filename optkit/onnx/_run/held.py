@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec
 from optkit.onnx._base.values import is_mapped, release_pages
 from optkit.onnx._plans.layers import stacked_name
 
-__all__ = ["held_weights", "on_device", "holdable", "stack_once", "gathered_where_used"]
+__all__ = ["held_weights", "on_device", "holdable", "stack_once", "stacked_groups", "gathered_where_used"]
 
 
 def held_weights(initializers: Mapping[str, Any], layers: Any, skip: Container[str], *, device: Any = None,
@@ -69,6 +69,35 @@ def stack_once(held: dict[str, Any], layers: Any, put: Callable[[Any], Any]) -> 
                 for name in names:
                     release_pages(held.pop(name))
     return stacked
+
+
+def stacked_groups(layers: Any, initializers: Mapping[str, Any], trainable: Container[str]) -> list[tuple[str, ...]]:
+    """The per-layer initializers of the scanned runs of ``layers`` that a runner can hold stacked as one trained
+    parameter each (``to_jax(..., stacked_params=True)``): for each run (less those run unrolled) cut where its
+    per-layer initializers change shape or dtype (ResNet's stages; as
+    :func:`optkit.onnx._run.scanned.evaluate` cuts it), each stretch of 2 blocks or more whose tensors of one
+    per-layer input are all in ``trainable``; in the graph's order. The names' order is the layers' order."""
+    groups: list[tuple[str, ...]] = []
+    taken: set[str] = set()
+    for r, run in enumerate(layers.runs if layers else ()):
+        if r in layers.unrolled:
+            continue
+
+        def signature(k: int, run=run) -> tuple:
+            return tuple((np.shape(initializers[names[k]]), np.asarray(initializers[names[k]]).dtype)
+                         if names[k] in initializers else None for names in run.layer_names)
+
+        start = 0
+        for k in range(1, len(run.blocks) + 1):
+            if k < len(run.blocks) and signature(k) == signature(start):
+                continue
+            for names in (names[start:k] for names in run.layer_names) if k - start >= 2 else ():
+                # (a tensor that two per-layer inputs read, or one of two runs: stacked once, for the first)
+                if all(name in trainable and name in initializers and name not in taken for name in names):
+                    groups.append(names)
+                    taken.update(names)
+            start = k
+    return groups
 
 
 def gathered_where_used(params: dict[str, Any], inputs: Sequence[Any]) -> dict[str, Any]:

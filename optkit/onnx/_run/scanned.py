@@ -21,7 +21,7 @@ from optkit import Graph
 from optkit.onnx._base.tracing import node_streams, random_key_active
 from optkit.onnx._ops._common import sharded_like
 from optkit.onnx._plans.float16 import WideCarry, needs_first_block
-from optkit.onnx._plans.layers import Layers, Run, stacked_name
+from optkit.onnx._plans.layers import STACKED, Layers, Run, stacked_name, stacked_names
 
 __all__ = ["evaluate"]
 
@@ -33,6 +33,9 @@ def evaluate(graph: Graph, layers: Layers, feeds: Mapping[str, Any], outputs: Se
     (its body under ``jax.checkpoint`` if ``layers.remat``)."""
     env = dict(graph.initializers)
     env.update(feeds)
+    for name, value in feeds.items():  # a stacked feed's layers, for blocks run unrolled (XLA drops unread ones)
+        if name.startswith(STACKED):
+            env.update((layer, value[k]) for k, layer in enumerate(stacked_names(name)))
     names, plan = graph.plan(list(outputs), env)
     wanted = set(plan)
     done: set[int] = set()
