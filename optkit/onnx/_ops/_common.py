@@ -82,6 +82,8 @@ def checked_indices(ctx: NodeContext, indices: Any, size: int, where: str) -> An
         bad = values[(values < -size) | (values >= size)]
         if bad.size:
             raise ctx.error(f"indices {bad.tolist()[:8]} are out of range for {where} of size {size}")
+        # (in NumPy: JAX's eager ops on a constant compile one small program each, while the graph is traced)
+        return np.where(values < 0, values + np.asarray(size, values.dtype), values)
     indices = jnp.asarray(indices)
     valid = (indices >= -size) & (indices < size)
     if index_checks_active():
@@ -134,6 +136,8 @@ def take(x: Any, indices: Any, axis: int, mode: str = "fill") -> Any:
     (:func:`gather_sharding`): every gather of a table by computed or fed indices (Gather, embeddings, rotary
     caches) goes through here, so it runs on ``jax.make_mesh``'s default mesh with the indices sharded. A table
     split along the gathered axis is gathered whole first (a mask built from the sharded batch, indexed)."""
+    if isinstance(x, np.ndarray) and isinstance(indices, np.ndarray) and mode == "fill":  # (constants: in range)
+        return np.take(x, indices, axis=axis)
     x_spec = _explicit_spec(x)
     if x_spec is not None and x_spec[axis] is not None:  # (rows picked from a table split along them: gathered)
         x = resharded(x, (*x_spec[:axis], None, *x_spec[axis + 1:]))

@@ -206,6 +206,8 @@ def _gather_elements(ctx):
         # Outside `axis` the output uses the leading part of data (no broadcasting).
         x = x[tuple(slice(None) if k == a else slice(0, i) for k, i in enumerate(jnp.shape(indices)))]
         indices = checked_indices(ctx, indices, size, f"axis {a}")
+        if isinstance(x, np.ndarray) and isinstance(indices, np.ndarray):  # (constants, checked: in range)
+            return np.take_along_axis(x, indices, axis=a)
         return jnp.take_along_axis(x, indices, axis=a, mode="fill")
 
     return gather_elements
