@@ -7,8 +7,10 @@ checked against finite differences.
   language model's usual inputs: an ``attention_mask`` of ones, ``position_ids`` counting on from the past, a
   total length the past plus the new tokens (``past_sequence_length + sequence_length``, GenAI's
   ``total_sequence_length``), and the KV cache's head size from the ``genai_config.json`` beside the model.
-- Times: the first call (load excluded: tracing, compiling and running) and the steady call (median of
-  ``--repeat`` calls), through :func:`optkit.onnx.prepare` (one compiled program).
+- Times: the load, the first call stage by stage (tracing, lowering, XLA's compile or the read from JAX's
+  persistent compilation cache, running; from ``jax.monitoring``'s events) and the steady call (median of
+  ``--repeat`` calls), through :func:`optkit.onnx.prepare` (one compiled program); and the cache's directory
+  (:func:`optkit.onnx.compilation_cache`), so that a second run shows what the cache saved.
 - ``--compare-ort``: ONNX Runtime's CPU provider on the same inputs; a floating-point output differing by
   more than float32 rounding through a network (``|got - want| <= rtol |want| + atol max|want|`` with the
   defaults of ``--rtol 1e-4 --atol 1e-5``, each at least 4 units of a float16 or bfloat16 output's precision)
@@ -218,16 +220,19 @@ def _non_finite(names: list[str], outputs: tuple[Any, ...]) -> int:
     return count
 
 
-def _timed(fn: Any, repeat: int) -> tuple[Any, float, float]:
-    start = time.perf_counter()
-    out = fn()
-    first = time.perf_counter() - start
+def _timed(fn: Any, repeat: int) -> tuple[Any, dict[str, float], float]:
+    """``(the first call's outputs, its stages (:func:`~optkit.onnx._run.program.stages`), the median of
+    ``repeat`` more calls' seconds)``."""
+    from optkit.onnx._run.program import stages
+
+    with stages() as record:
+        out = fn()
     times = []
-    for _ in range(max(repeat, 0)):
+    for _ in range(repeat):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return out, first, statistics.median(times) if times else float("nan")
+    return out, record, statistics.median(times) if times else float("nan")
 
 
 def _compare(names: list[str], got: tuple[Any, ...], want: list[Any], rtol: float, atol: float,
@@ -368,12 +373,16 @@ def _run(args: argparse.Namespace) -> int:
         print(f"  input {name}: {value.dtype}{list(value.shape)}")
     try:
         outputs, first, steady = _timed(lambda: rep.run(feeds), args.repeat)
+        from optkit.onnx._run.cache import compilation_cache
+        from optkit.onnx._run.program import describe_stages
     except (ValueError, TypeError, NotImplementedError) as err:
         print(f"{args.model}: the run failed: {type(err).__name__}: {err}")
         return 1
     names = list(rep.outputs)
-    print(f"first call {first:.3f} s (tracing, compiling, running); steady {steady * 1e3:.3f} ms "
+    cache = compilation_cache()
+    print(f"first call {first['total']:.3f} s: {describe_stages(first)}; steady {steady * 1e3:.3f} ms "
           f"(median of {args.repeat})")
+    print(f"JAX's compilation cache: {cache or 'off'}")
     for name, value in zip(names, outputs):
         value = np.asarray(value)
         print(f"  output {name}: {value.dtype}{list(value.shape)}")

@@ -5,6 +5,7 @@ unwritable one are respected. Each case runs fresh Python processes, as users st
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -94,3 +95,18 @@ def test_a_directory_that_cannot_be_written_leaves_the_cache_off(tmp_path):
     blocker.write_text("not a directory")
     row = _child(tmp_path, OPTKIT_COMPILATION_CACHE=str(blocker / "cache"))
     assert row["directory"] is None and row["jax_dir"] is None
+
+
+def test_the_command_line_says_what_the_cache_saved(tmp_path):
+    """``optkit-onnx run`` prints the first call's stages: XLA's compile in the first process, the read from the
+    cache in the second (the same model, inputs and options)."""
+    environ = {**os.environ, "OPTKIT_COMPILATION_CACHE": str(tmp_path / "cache")}
+    command = [sys.executable, "-m", "optkit.onnx", "run", str(MODELS / "torch_torchscript_resnet18.onnx"),
+               "--repeat", "1"]
+    first, second = (subprocess.run(command, capture_output=True, text=True, env=environ, timeout=600)
+                     for _ in range(2))
+    assert first.returncode == second.returncode == 0, first.stderr[-2000:] + second.stderr[-2000:]
+    stages = r"first call \d+\.\d+ s: trace \d+\.\d\d s, lower \d+\.\d\d s, {} \d+\.\d\d s, run \d+\.\d\d s;"
+    assert re.search(stages.format("XLA compile"), first.stdout), first.stdout
+    assert re.search(stages.format("read from the compilation cache"), second.stdout), second.stdout
+    assert f"JAX's compilation cache: {tmp_path / 'cache'}" in second.stdout

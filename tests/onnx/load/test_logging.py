@@ -52,10 +52,14 @@ def test_each_compile_is_logged_with_its_cause_and_time(caplog):
     for rows in (4, 4, 6, 6, 4):
         apply_fn(params, np.ones((rows, 3), np.float32))
     first, second = _compiles(caplog)
-    assert re.fullmatch(r"compiled the graph \(1 nodes\) for its first input shapes: \d+\.\d\d s \(trace, XLA compile, "
-                        r"run\)", first), first
+    stages = r"\(trace \d+\.\d\d s, lower \d+\.\d\d s, XLA compile \d+\.\d\d s, run \d+\.\d\d s\)"
+    assert re.fullmatch(r"compiled the graph \(1 nodes\) for its first input shapes: \d+\.\d\d s " + stages,
+                        first), first
     assert re.fullmatch(r"compiled the graph \(1 nodes\) for new input shapes: x float32\[4, 3\] -> float32\[6, 3\]: "
-                        r"\d+\.\d\d s \(trace, XLA compile, run\)", second), second
+                        r"\d+\.\d\d s " + stages, second), second
+    (record,) = [fn.first for fn in apply_fn._functions.values()]  # the stages add up to the call's time
+    assert set(record) == {"trace", "lower", "compile", "run", "total"}
+    assert record["trace"] + record["lower"] + record["compile"] + record["run"] == pytest.approx(record["total"])
 
     caplog.clear()
     w = numpy_helper.from_array(np.ones((3, 2), np.float32), "W")
