@@ -44,6 +44,10 @@ def _module(family: str, layers: int):
             vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=4 * HIDDEN, num_hidden_layers=layers,
             num_attention_heads=HEADS, num_key_value_heads=HEADS // 2, max_position_embeddings=LENGTH))
 
+    with torch.no_grad():  # each weight its own values, as a trained model's (transformers' initial zero biases and
+        for p in inner.parameters():  # unit norms are equal tensors, which the TorchScript exporter writes once)
+            p.add_(torch.randn_like(p) * 0.02)
+
     class First(torch.nn.Module):
         def __init__(self):
             super().__init__()

@@ -11,9 +11,10 @@ MSE against a fixed target and ``optkit.adam(1e-4)``, jitted, parameters and sta
   ``jax.lax.scan``;
 - ``nnx``: the same layers as Flax NNX modules (an ``nnx.List`` of blocks), trained by ``nnx.Optimizer`` under
   ``nnx.jit`` (first call only: NNX's own trace);
-- ``optkit``: ``optkit.onnx.to_jax`` of the torch.onnx export (TorchScript exporter, opset 17; GPT-2 and LLaMA by the
-  dynamo exporter, opset 20: the TorchScript one cannot write transformers 5's ``aten::diff``) with ``scan_layers=False``; ``optkit-scan``: ``scan_layers=True``; ``optkit-stacked``:
-  ``scan_layers=True, stacked_params=True``.
+- ``optkit``: ``optkit.onnx.to_jax`` of the torch.onnx export (BERT by the TorchScript exporter, opset 17; GPT-2
+  and LLaMA by the dynamo exporter, opset 20: the TorchScript one cannot write transformers 5's ``aten::diff``)
+  with ``scan_layers=False``; ``optkit-scan``: ``scan_layers=True``; ``optkit-stacked``: ``scan_layers=True,
+  stacked_params=True``. The torch models' weights are made distinct (:func:`benchmarks.onnx_depth._module`).
 
 Stages, each timed apart with JAX's ahead-of-time API (``jax.jit(step).trace(...)``, ``.lower()``, ``.compile()``,
 then the first call): for optkit, ``to_jax`` (load) before them. The steady step is the median of ``--repeats``

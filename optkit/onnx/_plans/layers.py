@@ -101,6 +101,7 @@ class Layers:
     member: dict[GraphNode, int]
     unrolled: set[int] = dataclasses.field(default_factory=set)
     remat: bool = False
+    hoisted: frozenset = frozenset()  # nodes run first: computed from the graph inputs alone (:func:`hoisted`)
 
     def __bool__(self) -> bool:
         return bool(self.runs)
@@ -126,7 +127,8 @@ def layers_of(loaded: Any, scan_layers: bool | None, remat_layers: bool) -> Laye
     layers = find_layers(loaded.graph, loaded.node_keys, AUTO_MIN_BLOCKS if scan_layers is None else 2)
     if scan_layers is None:
         kept = tuple(run for run in layers.runs if len(run.blocks) >= AUTO_MIN_BLOCKS)
-        layers = Layers(kept, {node: r for r, run in enumerate(kept) for block in run.blocks for node in block})
+        layers = Layers(kept, {node: r for r, run in enumerate(kept) for block in run.blocks for node in block},
+                        hoisted=layers.hoisted)
     if not layers:
         return None
     layers.remat = bool(remat_layers)
@@ -144,6 +146,8 @@ def find_layers(graph: Graph, keys: Mapping[Any, Hashable | None], min_blocks: i
     order = list(graph.order)
     if len(order) < min_blocks * MIN_BLOCK or any(not isinstance(node, GraphNode) for node in order):
         return Layers((), {})
+    early = hoisted(graph, order)
+    order = [node for node in order if node in early] + [node for node in order if node not in early]
     ids: dict[Hashable, int] = {}
     codes = np.empty(len(order), np.int64)
     for i, node in enumerate(order):
@@ -179,7 +183,27 @@ def find_layers(graph: Graph, keys: Mapping[Any, Hashable | None], min_blocks: i
             taken[first:first + run.nodes] = True
             runs.append(run)
     member = {node: r for r, run in enumerate(runs) for block in run.blocks for node in block}
-    return Layers(tuple(runs), member)
+    return Layers(tuple(runs), member, hoisted=early if runs else frozenset())
+
+
+SMALL = 1  # elements of a float initializer that a hoisted node may read: a scalar (a mask's fill value, a scale)
+
+
+def hoisted(graph: Graph, order: Sequence[Any]) -> frozenset:
+    """The nodes computed from the graph inputs, integer and boolean tensors and float scalars (:data:`SMALL`)
+    alone: an exporter's attention mask and rotary positions, which it may write inside the first layer
+    (torch.onnx's dynamo exporter: LLaMA's mask ``Where``), where they break that layer's likeness to the others.
+    Run first, in the graph's order, they leave the first layer like the rest (scanned), and are loop invariants of
+    the scan. A node that reads a float weight, or a value computed from one (every layer's hidden state), stays."""
+    sizes = {name: (int(np.size(value)), bool(np.issubdtype(np.asarray(value).dtype, np.floating)))
+             for name, value in graph.initializers.items()}
+    known = set(graph.inputs) | {name for name, (size, floating) in sizes.items() if size <= SMALL or not floating}
+    chosen: list[Any] = []
+    for node in order:
+        if node.inputs and all(not name or name in known for name in node.inputs):
+            chosen.append(node)
+            known.update(name for name in node.outputs if name)
+    return frozenset(chosen)
 
 
 class _Flow(NamedTuple):

@@ -107,9 +107,10 @@ class Program:
 
 
 def program_key(dynamic: tuple[str, ...], how: Program, static: Mapping[str, np.ndarray]) -> tuple:
-    """What one compiled program depends on: the fed names, the options that change the program, the caller's
-    64-bit setting and the static values (the last item: :func:`_related` compares it)."""
-    return (dynamic, how.donate, tuple(sorted((how.options or {}).items())), how.checks, how.rng,
+    """What one compiled program depends on: the fed names, compiled or traced into a caller's, the options that
+    change the program, the caller's 64-bit setting and the static values (the last item: :func:`_related`
+    compares it)."""
+    return (dynamic, how.jit, how.donate, tuple(sorted((how.options or {}).items())), how.checks, how.rng,
             bool(jax.config.jax_enable_x64), static_key(static))
 
 
@@ -131,7 +132,11 @@ def graph_function(cache: dict[Any, Any], graph: Graph, outputs: Sequence[str], 
     run = traced_run(graph, list(outputs), static, dynamic, how, (kept, host))
     if not how.jit:
         def eager(*values):
+            start = time.perf_counter()
             out = run(*values)
+            if any(isinstance(v, jax.core.Tracer) for v in values):  # (to_jax's apply_fn in a caller's jit or grad)
+                _log.info("traced inside a caller's transformation in %.2f s (%d nodes)", time.perf_counter() - start,
+                          len(graph.nodes))
             return tuple(host.get(i, o) for i, o in enumerate(out)) if host else out
 
         eager.traceable = run  # type: ignore[attr-defined]  # (string outputs left as None: for eval_shape)

@@ -37,6 +37,8 @@ def evaluate(graph: Graph, layers: Layers, feeds: Mapping[str, Any], outputs: Se
         if name.startswith(STACKED):
             env.update((layer, value[k]) for k, layer in enumerate(stacked_names(name)))
     names, plan = graph.plan(list(outputs), env)
+    if layers.hoisted:  # (computed from the graph inputs alone: first, as find_layers ordered them)
+        plan = [node for node in plan if node in layers.hoisted] + [node for node in plan if node not in layers.hoisted]
     wanted = set(plan)
     done: set[int] = set()
     pending: list = []

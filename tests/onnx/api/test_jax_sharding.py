@@ -158,17 +158,20 @@ else:
         chex.assert_trees_all_close(p2, p1, rtol=1e-5, atol=1e-6)
         assert out.sharding.spec[0] == "data"  # the activations stay split by the batch
 
-    @pytest.mark.parametrize("name, devices", [("torch_dynamo_bert", 2), ("torch_torchscript_mlp", 4)])
-    def test_apply_fn_gathers_fsdp_split_params_where_they_are_used(name, devices):
+    @pytest.mark.parametrize("name, devices, stacked", [("torch_dynamo_bert", 2, False), ("torch_dynamo_bert", 2, True),
+                                                        ("torch_torchscript_mlp", 4, False)])
+    def test_apply_fn_gathers_fsdp_split_params_where_they_are_used(name, devices, stacked):
         """Issue 63, item 5: ``apply_fn`` given parameters split over ``data`` like the batch
         (``optkit.state_sharding(params, mesh, "data")``, FSDP) and no gather in the loss: each parameter is
         all-gathered where the model uses it (not an invalid spec of optkit's making: the Gather of a table split
         over ``data`` by ids split over ``data`` asked for ``P('data', None, 'data')``); the parameters stay split,
         and a jitted ``value_and_grad`` and SGD step equal one device's (SGD: Adam's normalization would magnify
-        the rounding noise of gradients that are zero in exact arithmetic, as the attention keys' biases')."""
+        the rounding noise of gradients that are zero in exact arithmetic, as the attention keys' biases'). With
+        ``stacked_params``, the scanned layers' stacked weights are split so (their layer axis where it divides)."""
         path = ONNX_TESTS / "models" / name
         x = np.load(f"{path}.npz")["input"]
-        apply_fn, params = optkit.onnx.to_jax(f"{path}.onnx", untie=True)
+        apply_fn, params = optkit.onnx.to_jax(f"{path}.onnx", untie=True, scan_layers=stacked, stacked_params=stacked)
+        assert bool(apply_fn.stacked) is stacked
         tx = optax.sgd(0.1)
 
         def step(p, state, x):

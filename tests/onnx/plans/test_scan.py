@@ -292,3 +292,19 @@ def test_exported_models_scan_their_layers_with_onnx_runtimes_values_and_the_unr
     want = jax.jit(jax.grad(loss(unrolled)))(params)
     scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(want))
     chex.assert_trees_all_close(got, want, atol=1e-5 * scale, rtol=1e-4)
+
+
+def test_a_mask_the_exporter_computes_inside_the_first_layer_is_hoisted_so_every_layer_scans():
+    """torch.onnx's dynamo exporter writes LLaMA's attention-mask ``Where`` among the first layer's nodes, which every
+    layer then reads: the first layer had one node more than the others and ran unrolled before the scan. A node
+    computed from the graph inputs (and small or non-float constants) alone is run first, so all layers scan."""
+    model, weights = _chain(4)
+    for node in model.graph.node:
+        node.input[:] = ["mask2" if name == "mask" else name for name in node.input]
+    model.graph.initializer.append(numpy_helper.from_array(np.array(1.0, np.float32), "one"))
+    model.graph.node.insert(1, helper.make_node("Mul", ["mask", "one"], ["mask2"], name="l0/MaskScale"))
+    x, mask = _feeds()
+    apply_fn, params = optkit.onnx.to_jax(model, scan_layers=True)
+    assert [len(run.blocks) for run in apply_fn._layers.runs] == [4]
+    assert [node.name for node in apply_fn._layers.hoisted] == ["l0/MaskScale"]
+    np.testing.assert_allclose(apply_fn(params, x, mask)[0], _formula(weights, x, mask)[0], rtol=1e-5)
