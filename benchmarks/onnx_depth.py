@@ -6,8 +6,9 @@ weights from ``transformers`` configs built here), each exported by torch.onnx (
 dynamo, opset 20; GPT-2 of transformers 5 only by dynamo: the TorchScript exporter cannot write its
 ``aten::diff``). For each: torch eager's first and steady training step (MSE against a fixed target, Adam),
 and the same step on ``optkit.onnx.to_jax``'s ``apply_fn`` under ``jax.jit`` (``jax.value_and_grad``,
-``optkit.adam``, parameters and state donated) with ``scan_layers=True`` (the repeated layers as one
-``jax.lax.scan``) and ``scan_layers=False`` (unrolled), each in a fresh process. The first step (after the
+``optkit.adam``, parameters and state donated) with ``scan_layers=True, stacked_params=False`` (the repeated
+layers as one ``jax.lax.scan``, their weights stacked at every call; ``benchmarks.onnx_native`` times them held
+stacked, the default) and ``scan_layers=False`` (unrolled), each in a fresh process. The first step (after the
 imports and ``to_jax``) is the trace, XLA's compile and the run; the steady step is a median over ``--repeats``
 runs. Outputs of both forms are checked against ONNX Runtime's. Under each scanned row: what stacking the trained
 per-layer weights (and one more pass over the stacked bytes, the gradients' way back) costs, timed apart, as a
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import warnings
 
 import numpy as np
@@ -92,7 +94,8 @@ def measure(family: str, layers: int, exporter: str, repeats: int) -> dict:
         np.savez(f"{tmp}/data.npz", feed=feed, target=target.numpy(), expected=expected)
         for scan in (True, False):
             out = subprocess.run([sys.executable, "-c", _CHILD, tmp, str(int(scan)), str(repeats)],
-                                 capture_output=True, text=True, check=True)
+                                 capture_output=True, text=True, check=True,
+                                 env={**os.environ, "OPTKIT_COMPILATION_CACHE": "off"})  # (a cold start)
             row.update(json.loads(out.stdout.strip().splitlines()[-1]))
     return row
 
@@ -107,7 +110,8 @@ directory, scan, repeats = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
 data = np.load(directory + "/data.npz")
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # (the dynamo exporter's shared constants: tied, as in torch)
-    apply_fn, params = optkit.onnx.to_jax(directory + "/model.onnx", scan_layers=scan)
+    apply_fn, params = optkit.onnx.to_jax(directory + "/model.onnx", scan_layers=scan,
+                                          stacked_params=False if scan else None)
 loaded = time.perf_counter()
 tx, y, feed = optkit.adam(1e-4), jnp.asarray(data["target"]), data["feed"]
 initial = {name: np.array(value) for name, value in params.items()}  # (params are donated to the step)

@@ -13,8 +13,9 @@ MSE against a fixed target and ``optkit.adam(1e-4)``, jitted, parameters and sta
   ``nnx.jit`` (first call only: NNX's own trace);
 - ``optkit``: ``optkit.onnx.to_jax`` of the torch.onnx export (BERT by the TorchScript exporter, opset 17; GPT-2
   and LLaMA by the dynamo exporter, opset 20: the TorchScript one cannot write transformers 5's ``aten::diff``)
-  with ``scan_layers=False``; ``optkit-scan``: ``scan_layers=True``; ``optkit-stacked``: ``scan_layers=True,
-  stacked_params=True``. The torch models' weights are made distinct (:func:`benchmarks.onnx_depth._module`).
+  with ``scan_layers=False``; ``optkit-scan``: ``scan_layers=True, stacked_params=False`` (the weights stacked
+  inside each call); ``optkit-stacked``: ``scan_layers=True, stacked_params=True`` (what ``scan_layers=True``
+  gives by default). The torch models' weights are made distinct (:func:`benchmarks.onnx_depth._module`).
 
 Stages, each timed apart with JAX's ahead-of-time API (``jax.jit(step).trace(...)``, ``.lower()``, ``.compile()``,
 then the first call): for optkit, ``to_jax`` (load) before them. The steady step is the median of ``--repeats``
@@ -283,7 +284,7 @@ def child(directory: str, form: str, family: str, layers: int, repeats: int) -> 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (the dynamo exporter's shared constants: tied, as in torch)
             apply, params = optkit.onnx.to_jax(directory + "/model.onnx", scan_layers=form != "optkit",
-                                               stacked_params=form == "optkit-stacked")
+                                               stacked_params=form == "optkit-stacked" if form != "optkit" else None)
         ids = feed
     row["load_s"] = time.perf_counter() - imported
 

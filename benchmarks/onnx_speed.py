@@ -9,7 +9,9 @@ Each model is built with random weights (torchvision / transformers), exported a
   ``jax.jit`` with the parameters and state donated);
 - **first training step**: the same, from nothing compiled (optkit's includes tracing and XLA's compile);
   with ``--cache``, also optkit's first step in a second fresh process that finds the first one's programs in
-  JAX's persistent compilation cache (a new temporary directory per model; docs: "Compile once").
+  JAX's persistent compilation cache, as optkit turns it on by default (a new directory per model, its size
+  reported; the stages of that step: ``to_jax``, the optimizer's init, trace, lower, cache read, run; docs:
+  "Compile once"). Other first steps run with the cache off (``OPTKIT_COMPILATION_CACHE=off``).
 
 Times are medians over ``--repeats`` runs after one warm-up; the ratios are optkit's time over the other's.
 Threads: ONNX Runtime ``intra_op_num_threads`` and ``torch.set_num_threads`` are ``--threads``; XLA:CPU uses
@@ -184,25 +186,26 @@ def measure(name: str, batch: int, repeats: int, threads: int, cache: bool = Fal
     row["first_step_ratio"] = row["optkit_first_step_s"] / row["torch_first_step_s"]
     if cache:
         del carry, step
-        row["cold_process_s"], row["cached_process_s"], row["imports_s"] = cached_first_step(
+        row["cold_process"], row["cached_process"], row["cache_bytes"] = cached_first_step(
             buffer.getvalue(), feed, target.detach().numpy())
-        row["cached_ratio"] = row["cached_process_s"] / row["torch_first_step_s"]
+        row["cached_ratio"] = row["cached_process"]["total_s"] / row["torch_first_step_s"]
     return row
 
 
 # A fresh process's first training step (load, to_jax, the optimizer's init under jax.jit, trace, compile or read
-# the cache, run) with JAX's persistent compilation cache in argv[1], where the model, its input and target are
-# saved; prints the seconds. (An eager tx.init compiles one fill per parameter shape: 1.8 s for mobilenet_v3_small's
-# 71 tensors of 59 shapes, with optax.adam as with optkit.adam; 0.5 s under jax.jit.)
+# the cache, run) with optkit's default compilation cache (optkit.onnx.compilation_cache) in argv[1]/cache, where
+# the model, its input and target are saved; prints one JSON line of seconds. (An eager tx.init compiles one fill per
+# parameter shape: 1.8 s for mobilenet_v3_small's 71 tensors of 59 shapes, with optax.adam as with optkit.adam;
+# 0.5 s under jax.jit.)
 _CACHED_STEP = """
-import sys, time
+import json, sys, time
 start = time.perf_counter()
 import jax, jax.numpy as jnp, numpy as np, onnx, optax, optkit, optkit.onnx
-jax.config.update("jax_compilation_cache_dir", sys.argv[1])
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+from optkit.onnx._run.program import stages
 imported = time.perf_counter()
 data = np.load(sys.argv[1] + "/data.npz")
 apply_fn, params = optkit.onnx.to_jax(onnx.load(sys.argv[1] + "/model.onnx"))
+loaded = time.perf_counter()
 tx, y = optkit.adam(1e-4), jnp.asarray(data["target"])
 
 def step(p, state, inputs):
@@ -210,16 +213,23 @@ def step(p, state, inputs):
     updates, state = tx.update(grads, state, p)
     return optax.apply_updates(p, updates), state, loss
 
-_, _, loss = jax.jit(step, donate_argnums=(0, 1))(params, jax.jit(tx.init)(params), data["input"])
-jax.block_until_ready(loss)
-print(time.perf_counter() - imported, imported - start)
+state = jax.jit(tx.init)(params)
+jax.block_until_ready(state)
+initialized = time.perf_counter()
+with stages() as record:
+    _, _, loss = jax.jit(step, donate_argnums=(0, 1))(params, state, data["input"])
+    jax.block_until_ready(loss)
+print(json.dumps({"imports_s": imported - start, "load_s": loaded - imported, "init_s": initialized - loaded,
+                  "total_s": time.perf_counter() - imported, **{k + "_s": v for k, v in record.items()}}))
 """
 
 
-def cached_first_step(model_bytes: bytes, feed: np.ndarray, target: np.ndarray) -> tuple[float, float, float]:
-    """``(first process's first step, second process's first step, second process's imports)`` in seconds, each
-    in a fresh Python process sharing one new persistent compilation cache; the steps are timed from after the
-    imports (as the torch column, which imports nothing), which are reported on their own."""
+def cached_first_step(model_bytes: bytes, feed: np.ndarray, target: np.ndarray) -> tuple[dict, dict, int]:
+    """The first and the second fresh Python process's first training steps (:data:`_CACHED_STEP`'s seconds: the
+    imports, ``to_jax``, the optimizer's init, the step's stages and the total after the imports, as the torch
+    column imports nothing) sharing optkit's default compilation cache in a new directory, and the cache's bytes
+    on disk after both."""
+    import json
     import pathlib
     import subprocess
     import tempfile
@@ -227,12 +237,14 @@ def cached_first_step(model_bytes: bytes, feed: np.ndarray, target: np.ndarray) 
     with tempfile.TemporaryDirectory() as folder:
         pathlib.Path(folder, "model.onnx").write_bytes(model_bytes)
         np.savez(pathlib.Path(folder, "data.npz"), input=feed, target=target)
-        times = []
+        env = {**os.environ, "OPTKIT_COMPILATION_CACHE": str(pathlib.Path(folder, "cache"))}
+        rows = []
         for _ in range(2):
-            out = subprocess.run([sys.executable, "-c", _CACHED_STEP, folder],
-                                 capture_output=True, text=True, check=True)
-            times.append([float(v) for v in out.stdout.split()[-2:]])
-    return times[0][0], times[1][0], times[1][1]
+            out = subprocess.run([sys.executable, "-c", _CACHED_STEP, folder], capture_output=True, text=True,
+                                 check=True, env=env)
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        size = sum(f.stat().st_size for f in pathlib.Path(folder, "cache").rglob("*") if f.is_file())
+    return rows[0], rows[1], size
 
 
 def overhead(calls: int = 3000) -> dict:
@@ -364,6 +376,7 @@ def main(argv=None) -> None:
         print(f"BackendRep.run: {r['run_us']:.1f} us a call (NumPy outputs), {r['run_device_us']:.1f} us "
               f"(as_numpy=False); the compiled function called directly: {r['direct_us']:.1f} us")
         return
+    os.environ.setdefault("OPTKIT_COMPILATION_CACHE", "off")  # (cold first steps: no cache but the --cache one's)
     print(f"batch {args.batch}, {args.threads} threads for ONNX Runtime and torch, medians of {args.repeats} runs, "
           f"GLIBC_TUNABLES={tunables or '(unset)'}")
     cached = " second process's first step (cache) / torch's first step |" if args.cache else ""
@@ -372,8 +385,15 @@ def main(argv=None) -> None:
     print("|---|---|---|---|" + ("---|" if args.cache else ""))
     for name in args.models:
         r = measure(name, args.batch, args.repeats, args.threads, args.cache)
-        extra = (f" {r['cached_ratio']:.1f}x ({r['cached_process_s']:.2f} s vs {r['torch_first_step_s']:.2f} s; "
-                 f"first process {r['cold_process_s']:.1f} s, imports {r['imports_s']:.1f} s) |") if args.cache else ""
+        extra = ""
+        if args.cache:
+            c = r["cached_process"]
+            extra = (f" {r['cached_ratio']:.1f}x ({c['total_s']:.2f} s vs {r['torch_first_step_s']:.2f} s: to_jax "
+                     f"{c['load_s']:.2f}, init {c['init_s']:.2f}, trace {c.get('trace_s', 0):.2f}, lower "
+                     f"{c.get('lower_s', 0):.2f}, cache read {c.get('cache_read_s', 0):.2f}, compile "
+                     f"{c.get('compile_s', 0):.2f}, run {c['run_s']:.2f} s; first process "
+                     f"{r['cold_process']['total_s']:.1f} s; imports {c['imports_s']:.1f} s; cache "
+                     f"{r['cache_bytes'] / 2**20:.1f} MiB) |")
         print(f"| {name} | {r['inference_ratio']:.2f}x ({r['optkit_inference_s'] * 1e3:.0f} ms vs "
               f"{r['ort_inference_s'] * 1e3:.0f} ms) | {r['step_ratio']:.2f}x ({r['optkit_step_s']:.2f} s vs "
               f"{r['torch_step_s']:.2f} s) | {r['first_step_ratio']:.1f}x ({r['optkit_first_step_s']:.1f} s vs "

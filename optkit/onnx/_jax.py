@@ -288,7 +288,7 @@ def to_jax(
     lora_key: Any = None,
     scan_layers: bool | None = None,
     remat_layers: bool = False,
-    stacked_params: bool = False,
+    stacked_params: bool | None = None,
 ) -> tuple[OnnxFunction, dict[str, jax.Array]]:
     """An ONNX model as a pure JAX function and its trainable parameters: ``apply_fn, params``.
 
@@ -348,26 +348,31 @@ def to_jax(
       scan_layers: run the model's repeated layers as one scanned layer (T5X's and MaxText's ``scan_layers``):
         the maximal runs of identical blocks (same operators, attributes and data flow; only the initializers
         differ), each reading the one before, are traced once and compiled as a ``jax.lax.scan`` over their
-        weights, stacked inside ``apply_fn`` (``params`` keep every initializer's own name and shape).
-        Values a block reads from outside the run (masks, rotary tables) are loop invariants; per-layer
-        outputs read after the run (KV caches) are the scan's stacked outputs. Outputs and gradients are the
+        weights, held stacked (``stacked_params``). Nodes computed from the graph inputs alone (an attention
+        mask an exporter writes inside the first layer) run first. Values a block reads from outside the run
+        (masks, rotary tables) are loop invariants; per-layer outputs read after the run (KV caches) are the
+        scan's stacked outputs. Outputs and gradients are the
         unrolled form's to float rounding; random operators draw the same numbers. A run the scan cannot
         trace (a per-layer value an operator needs before running) runs unrolled, logged at INFO on the
         ``optkit.onnx`` logger. True: every run of 2 blocks or more; False: every node spelled out, as in
-        the file; None (default): runs of 16 blocks or more, where it pays on XLA:CPU (a 24-layer BERT's
-        first training step 6.9 -> 4.9 s; a 6-layer one's 2.8 -> 3.4 s, and the steady step 1.13-1.5x the
-        unrolled one's: docs "Repeated layers").
+        the file; None (default): runs of 16 blocks or more, where it pays on XLA:CPU (stacked, a 24-layer
+        BERT's first training step 15.5 -> 3.9 s and its steady step 0.97x the unrolled one's, GPT-2's 55 -> 5.7 s
+        and 0.82x; a 12-layer one's steady step is 1.2x, and LLaMA's 1.5-1.7x at any depth, as a scan written in
+        JAX is: docs "Repeated layers").
       remat_layers: rematerialize the scanned layers in the backward pass (``jax.checkpoint`` of the scanned
         body): activation memory of one layer instead of all, for a second forward pass. Default False.
-      stacked_params: with ``scan_layers``, hold each scanned run's per-layer trained initializers as one
-        parameter with a leading layer axis (MaxText's and T5X's scanned parameters), so that no call stacks
-        them: ``params["<first layer's name>...<last layer's name>"]`` of shape ``(layers, *shape)`` in place
-        of the layers' own entries (``apply_fn.stacked`` maps each to its initializer names, in order). The
-        optimizer's state, ``OnnxModule``'s ``nnx.Param``, checkpoints and sharding rules then see the stacked
-        arrays; :func:`with_initializers` (given ``apply_fn``, or an ``OnnxModule``) and
-        :meth:`OnnxFunction.unstacked` give them back per initializer. A run cut where its weights change shape
-        (ResNet's stages) stacks each stretch of 2 layers or more; weights only some layers train, and runs that
-        are not scanned, keep their names. Default False.
+      stacked_params: hold each scanned run's per-layer trained initializers as one parameter with a leading
+        layer axis (MaxText's and T5X's scanned parameters), so that no call stacks them:
+        ``params["<first layer's name>...<last layer's name>"]`` of shape ``(layers, *shape)`` in place of the
+        layers' own entries (``apply_fn.stacked`` maps each to its initializer names, in order). The optimizer's
+        state, ``OnnxModule``'s ``nnx.Param``, checkpoints and sharding rules then see the stacked arrays;
+        :func:`with_initializers` (given ``apply_fn``, or an ``OnnxModule``) and :meth:`OnnxFunction.unstacked`
+        give them back per initializer. A run cut where its weights change shape (ResNet's stages) stacks each
+        stretch of 2 layers or more; weights only some layers train, and runs that are not scanned, keep their
+        names. None (default): stacked wherever a run is scanned, except LoRA adapters (kept per layer, as ONNX
+        Runtime's adapter files name them); True: the same, adapters too; False: every initializer under its own
+        name, the scanned run stacking them inside ``apply_fn`` at every call (on XLA:CPU, a 24-layer BERT's first
+        training step took 13.7 s that way against 3.9 s stacked: docs "Repeated layers").
 
     Returns:
       ``(apply_fn, params)``.
@@ -430,11 +435,12 @@ def to_jax(
         if unknown or not chosen:
             raise ValueError(f"outputs {unknown or list(chosen)} are neither graph outputs nor values a node of "
                              f"the main graph computes; the outputs are {list(loaded.outputs)}")
-    if not isinstance(stacked_params, (bool, np.bool_)):
-        raise TypeError(f"stacked_params must be True or False, got {stacked_params!r}")
+    if stacked_params is not None and not isinstance(stacked_params, (bool, np.bool_)):
+        raise TypeError(f"stacked_params must be True, False or None, got {stacked_params!r}")
     if stacked_params and scan_layers is False:
         raise ValueError("stacked_params=True holds the weights of scanned layers: it needs scan_layers=True (or "
                          "None), not False")
+    stacked_params = lora is None if stacked_params is None else bool(stacked_params)
     specs = {name: (tuple(np.shape(values[name])), np.asarray(values[name]).dtype) for name in names}
     apply_fn = OnnxFunction(loaded, specs, tuple(chosen), single, checks, scan_layers, remat_layers, lora,
                             bool(stacked_params))

@@ -101,7 +101,7 @@ def test_values_and_gradients_equal_the_formula_and_the_unrolled_form(layers, ji
     variant = jax.jit if jit else (lambda f: f)
     model, weights = _chain(layers)
     x, mask = _feeds()
-    scanned, params = optkit.onnx.to_jax(model, scan_layers=True)
+    scanned, params = optkit.onnx.to_jax(model, scan_layers=True, stacked_params=False)
     unrolled, _ = optkit.onnx.to_jax(model, scan_layers=False)
     assert len(scanned._layers.runs) == 1
     y, *states = variant(scanned)(params, x, mask)
@@ -161,7 +161,7 @@ def test_in_float64_the_scanned_values_equal_the_formula_to_rounding():
 def test_random_nodes_draw_what_they_draw_unrolled():
     model, _ = _chain(3, dropout=True)
     x, mask = _feeds()
-    scanned, params = optkit.onnx.to_jax(model, outputs="y", scan_layers=True)
+    scanned, params = optkit.onnx.to_jax(model, outputs="y", scan_layers=True, stacked_params=False)
     unrolled, _ = optkit.onnx.to_jax(model, outputs="y", scan_layers=False)
     assert scanned._layers.runs
     key = jax.random.key(7)
@@ -187,8 +187,8 @@ def test_a_run_the_scan_cannot_trace_runs_unrolled_and_says_why(caplog):
 def test_remat_layers_gives_the_same_gradients():
     model, _ = _chain(4)
     x, mask = _feeds()
-    plain, params = optkit.onnx.to_jax(model, outputs="y", scan_layers=True)
-    remat, _ = optkit.onnx.to_jax(model, outputs="y", scan_layers=True, remat_layers=True)
+    plain, params = optkit.onnx.to_jax(model, outputs="y", scan_layers=True, stacked_params=False)
+    remat, _ = optkit.onnx.to_jax(model, outputs="y", scan_layers=True, stacked_params=False, remat_layers=True)
     assert "remat" in str(jax.make_jaxpr(jax.grad(lambda p: remat(p, x, mask)))(params))
     assert "remat" not in str(jax.make_jaxpr(jax.grad(lambda p: plain(p, x, mask)))(params))
     chex.assert_trees_all_close(jax.grad(lambda p: remat(p, x, mask))(params),
@@ -206,6 +206,7 @@ def test_by_default_only_runs_of_sixteen_blocks_or_more_are_scanned():
     for layers, scanned in ((15, False), (16, True)):
         apply_fn, params = optkit.onnx.to_jax(_chain(layers)[0], outputs="y")
         assert bool(apply_fn._layers) is scanned
+        assert bool(apply_fn.stacked) is scanned  # (stacked_params=None: held stacked where scanned)
         assert [len(r.blocks) for r in optkit.onnx.to_jax(_chain(layers)[0], scan_layers=True)[0]._layers.runs] == [
             layers]
     model, weights = _chain(16)
@@ -226,7 +227,7 @@ def test_an_onnx_module_trains_the_scanned_model_as_the_unrolled_one():
     x, mask = _feeds()
 
     def trained(scan):
-        module = optkit.onnx.OnnxModule(model, outputs="y", scan_layers=scan)
+        module = optkit.onnx.OnnxModule(model, outputs="y", scan_layers=scan, stacked_params=False if scan else None)
         optimizer = nnx.Optimizer(module, optax.chain(optax.clip_by_global_norm(1.0), optkit.adam(1e-2)),
                                   wrt=nnx.Param)
 
@@ -266,7 +267,7 @@ def test_exported_models_scan_their_layers_with_onnx_runtimes_values_and_the_unr
     model = onnx.load(str(MODELS / f"{name}.onnx"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the dynamo exporter's shared constants)
-        scanned, params = optkit.onnx.to_jax(model, scan_layers=True)
+        scanned, params = optkit.onnx.to_jax(model, scan_layers=True, stacked_params=False)
         unrolled, _ = optkit.onnx.to_jax(model, scan_layers=False)
     runs, gradients = EXPORTS[name]
     assert [(len(r.blocks), len(r.blocks[0])) for r in scanned._layers.runs] == runs

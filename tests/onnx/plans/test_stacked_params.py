@@ -156,6 +156,18 @@ def test_a_run_the_scan_cannot_trace_still_trains_its_stacked_weights_unrolled()
                                 jax.grad(lambda p: per_layer(p, x, mask))(flat), rtol=1e-5, atol=1e-6)
 
 
+def test_scanned_runs_hold_stacked_params_by_default_and_lora_adapters_keep_their_names():
+    model, _ = _chain(3)
+    assert "W0...W2" in optkit.onnx.to_jax(model, scan_layers=True)[1]
+    assert "W0" in optkit.onnx.to_jax(model, scan_layers=True, stacked_params=False)[1]
+    assert "W0" in optkit.onnx.to_jax(model)[1]  # (3 layers: not scanned by default)
+    lora = optkit.onnx.LoRA(2, targets=["W*"])
+    fn, params = optkit.onnx.to_jax(model, scan_layers=True, lora=lora)
+    assert sorted(params) == sorted(f"W{k}.lora_{m}" for k in range(3) for m in "AB") and not fn.stacked
+    fn, params = optkit.onnx.to_jax(model, scan_layers=True, lora=lora, stacked_params=True)
+    assert sorted(params) == ["W0.lora_A...W2.lora_A", "W0.lora_B...W2.lora_B"]
+
+
 def test_weights_some_layers_freeze_keep_their_names():
     model, _ = _chain(3)
     _, params = optkit.onnx.to_jax(model, scan_layers=True, stacked_params=True, frozen=["b1"])
@@ -182,7 +194,7 @@ def test_exported_models_train_stacked_as_per_layer(name):
 
 @pytest.mark.parametrize("kwargs,error,match", [
     ({"stacked_params": True, "scan_layers": False}, ValueError, "needs scan_layers=True"),
-    ({"stacked_params": 1, "scan_layers": True}, TypeError, "stacked_params must be True or False")])
+    ({"stacked_params": 1, "scan_layers": True}, TypeError, "stacked_params must be True, False or None")])
 def test_bad_options_are_refused_naming_them(kwargs, error, match):
     with pytest.raises(error, match=match):
         optkit.onnx.to_jax(_chain(2)[0], **kwargs)
