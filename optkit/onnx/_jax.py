@@ -32,7 +32,7 @@ from optkit.onnx._load.protos import InputInfo
 from optkit.onnx._plans.layers import layers_of, stacked_name
 from optkit.onnx._run.cache import compilation_cache
 from optkit.onnx._run.feeds import Feeds, run_dtype
-from optkit.onnx._run.held import gathered_where_used, held_weights, stacked_groups
+from optkit.onnx._run.held import gathered_where_used, held_weights, stacked_groups, stacked_specs
 from optkit.onnx._run.program import Program, graph_function
 from optkit.onnx._summary import describe
 from optkit.onnx._training_model import select_trainable
@@ -102,7 +102,7 @@ class OnnxFunction:
     def __init__(self, loaded: Converted, param_specs: Mapping[str, tuple[tuple[int, ...], np.dtype]],
                  outputs: tuple[str, ...], single: bool,
                  checks: bool = False, scan_layers: bool | None = None, remat_layers: bool = False,
-                 lora: LoRA | None = None, stacked_params: bool = False) -> None:
+                 lora: LoRA | None = None) -> None:
         compilation_cache()  # (JAX's persistent cache on, unless the user chose: optkit.onnx._run.cache)
         self.model: onnx.ModelProto | None = loaded.model
         self.inputs: tuple[InputInfo, ...] = loaded.inputs
@@ -120,10 +120,8 @@ class OnnxFunction:
             computed = {name: node for node in self._graph.nodes for name in node.outputs if name}
             self._layers.unrolled.update(self._layers.member[computed[name]] for name in outputs
                                          if name not in loaded.outputs and computed.get(name) in self._layers.member)
-        self.stacked: dict[str, tuple[str, ...]] = {}
-        if stacked_params:
-            self._stack_params(loaded.graph.initializers)
-        self._feed_names = {key: stacked_name(names) for key, names in self.stacked.items()}
+        self.stacked: dict[str, tuple[str, ...]] = {}  # (to_jax's stacked_params: _stack_params)
+        self._feed_names: dict[str, str] = {}
         self._summary: str | None = None
         self.lora: LoRA | None = lora
         self.adapters: tuple[str, ...] = loaded.adapters
@@ -132,24 +130,11 @@ class OnnxFunction:
             self._hold_frozen()
 
     def _stack_params(self, initializers: Mapping[str, Any]) -> None:
-        """Hold each scanned run's per-layer trained initializers as one parameter with a leading layer axis
-        (:func:`~optkit.onnx._run.held.stacked_groups`), named ``<first layer's name>...<last layer's name>``."""
-        groups = stacked_groups(self._layers, initializers, self._specs)
-        first = {names[0]: names for names in groups}
-        grouped = {name for names in groups for name in names}
-        specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-        for name, (shape, dtype) in self._specs.items():
-            if name in first:
-                names = first[name]
-                key = f"{names[0]}...{names[-1]}"
-                if key in self._specs or key in initializers or key in specs:
-                    raise ValueError(f"stacked_params: the stacked parameter's name {key!r} is an initializer's")
-                specs[key] = ((len(names), *shape), dtype)
-                self.stacked[key] = names
-            elif name not in grouped:
-                specs[name] = (shape, dtype)
-        self._specs = specs
-        self.param_names = tuple(specs)
+        """Hold each scanned run's per-layer trained initializers as one parameter with a leading layer axis."""
+        self._specs, self.stacked = stacked_specs(self._specs, stacked_groups(self._layers, initializers, self._specs),
+                                                  initializers)
+        self.param_names = tuple(self._specs)
+        self._feed_names = {key: stacked_name(names) for key, names in self.stacked.items()}
 
     def unstacked(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """``params`` with each stacked parameter (``to_jax(..., stacked_params=True)``) given back as the ONNX
@@ -442,8 +427,9 @@ def to_jax(
                          "None), not False")
     stacked_params = lora is None if stacked_params is None else bool(stacked_params)
     specs = {name: (tuple(np.shape(values[name])), np.asarray(values[name]).dtype) for name in names}
-    apply_fn = OnnxFunction(loaded, specs, tuple(chosen), single, checks, scan_layers, remat_layers, lora,
-                            bool(stacked_params))
+    apply_fn = OnnxFunction(loaded, specs, tuple(chosen), single, checks, scan_layers, remat_layers, lora)
+    if stacked_params:
+        apply_fn._stack_params(loaded.graph.initializers)
     params = {}
     for name, (_, dtype) in apply_fn._specs.items():
         layers = apply_fn.stacked.get(name)

@@ -19,7 +19,8 @@ from jax.sharding import PartitionSpec
 from optkit.onnx._base.values import is_mapped, release_pages
 from optkit.onnx._plans.layers import stacked_name
 
-__all__ = ["held_weights", "on_device", "holdable", "stack_once", "stacked_groups", "gathered_where_used"]
+__all__ = ["held_weights", "on_device", "holdable", "stack_once", "stacked_groups", "stacked_specs",
+           "gathered_where_used"]
 
 
 def held_weights(initializers: Mapping[str, Any], layers: Any, skip: Container[str], *, device: Any = None,
@@ -98,6 +99,32 @@ def stacked_groups(layers: Any, initializers: Mapping[str, Any], trainable: Cont
                     taken.update(names)
             start = k
     return groups
+
+
+def stacked_specs(specs: Mapping[str, tuple], groups: Sequence[tuple[str, ...]], initializers: Container[str]
+                  ) -> tuple[dict[str, tuple], dict[str, tuple[str, ...]]]:
+    """``(specs, stacked)``: the parameters' ``{name: (shape, dtype)}`` with each group of :func:`stacked_groups` as
+    one entry ``"<first name>...<last name>"`` of shape ``(layers, *shape)``, where its first layer's was (the
+    others' left out), and ``{that name: the group}``.
+
+    Raises:
+      ValueError: such a name is an initializer's.
+    """
+    first = {names[0]: names for names in groups}
+    grouped = {name for names in groups for name in names}
+    out: dict[str, tuple] = {}
+    stacked: dict[str, tuple[str, ...]] = {}
+    for name, (shape, dtype) in specs.items():
+        if name in first:
+            names = first[name]
+            key = f"{names[0]}...{names[-1]}"
+            if key in specs or key in initializers or key in out:
+                raise ValueError(f"stacked_params: the stacked parameter's name {key!r} is an initializer's")
+            out[key] = ((len(names), *shape), dtype)
+            stacked[key] = names
+        elif name not in grouped:
+            out[name] = (shape, dtype)
+    return out, stacked
 
 
 def gathered_where_used(params: dict[str, Any], inputs: Sequence[Any]) -> dict[str, Any]:
