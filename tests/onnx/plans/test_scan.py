@@ -222,22 +222,28 @@ def test_prepare_scans_and_matches_the_formula():
     np.testing.assert_allclose(rep.run([x, mask]).y, _formula(weights, x, mask)[0], rtol=1e-5)
 
 
+def trained_module(model, tx, **options):
+    """``(losses, module)``: three ``nnx.jit`` steps of ``OnnxModule(model, outputs="y", **options)`` in an
+    ``nnx.Optimizer`` with ``tx``, on :func:`_feeds` (loss ``(y - 1) ** 2``)."""
+    x, mask = _feeds()
+    module = optkit.onnx.OnnxModule(model, outputs="y", **options)
+    optimizer = nnx.Optimizer(module, tx, wrt=nnx.Param)
+
+    @nnx.jit
+    def step(module, optimizer):
+        loss, grads = nnx.value_and_grad(lambda m: (m(x, mask) - 1.0) ** 2)(module)
+        optimizer.update(module, grads)
+        return loss
+
+    return [float(step(module, optimizer)) for _ in range(3)], module
+
+
 def test_an_onnx_module_trains_the_scanned_model_as_the_unrolled_one():
     model, _ = _chain(4)
-    x, mask = _feeds()
 
     def trained(scan):
-        module = optkit.onnx.OnnxModule(model, outputs="y", scan_layers=scan, stacked_params=False if scan else None)
-        optimizer = nnx.Optimizer(module, optax.chain(optax.clip_by_global_norm(1.0), optkit.adam(1e-2)),
-                                  wrt=nnx.Param)
-
-        @nnx.jit
-        def step(module, optimizer):
-            loss, grads = nnx.value_and_grad(lambda m: (m(x, mask) - 1.0) ** 2)(module)
-            optimizer.update(module, grads)
-            return loss
-
-        return [float(step(module, optimizer)) for _ in range(3)], module
+        return trained_module(model, optax.chain(optax.clip_by_global_norm(1.0), optkit.adam(1e-2)),
+                              scan_layers=scan, stacked_params=False if scan else None)
 
     (losses, scanned), (want, unrolled) = trained(True), trained(False)
     assert scanned.apply_fn._layers.runs and not unrolled.apply_fn._layers

@@ -19,7 +19,7 @@ from flax import nnx
 
 import optkit
 import optkit.onnx
-from tests.onnx.plans.test_scan import MODELS, _chain, _feeds, _formula
+from tests.onnx.plans.test_scan import MODELS, _chain, _feeds, _formula, trained_module
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -123,19 +123,9 @@ def test_with_initializers_writes_the_layers_back_as_onnx_runtime_reads_them():
 
 def test_an_onnx_module_holds_stacked_params_trains_them_and_writes_them_back():
     model, _ = _chain(4)
-    x, mask = _feeds()
 
     def trained(stacked_params):
-        module = optkit.onnx.OnnxModule(model, outputs="y", scan_layers=True, stacked_params=stacked_params)
-        optimizer = nnx.Optimizer(module, optkit.adam(1e-2), wrt=nnx.Param)
-
-        @nnx.jit
-        def step(module, optimizer):
-            loss, grads = nnx.value_and_grad(lambda m: (m(x, mask) - 1.0) ** 2)(module)
-            optimizer.update(module, grads)
-            return loss
-
-        return [float(step(module, optimizer)) for _ in range(3)], module
+        return trained_module(model, optkit.adam(1e-2), scan_layers=True, stacked_params=stacked_params)
 
     (losses, stacked), (want, per_layer) = trained(True), trained(False)
     assert stacked.params["W0...W3"].get_metadata()["onnx_name"] == ("W0", "W1", "W2", "W3")
