@@ -130,3 +130,22 @@ def test_the_optimizer_benchmarks_agreement_rows_hold_what_the_docs_say():
     assert min(by_optimizer["optax.contrib.schedule_free_adamw (no r)"]) < 1e-13  # the case without
     assert by_optimizer["optkit.adam8bit(rounding='table')"][0] < 1e-3 < by_optimizer[
         "optkit.adam8bit(rounding='nearest')"][0]
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama"])
+def test_the_native_floor_computes_one_function_in_each_form(family):
+    """benchmarks.onnx_native's models written in JAX: the scanned form (stacked weights, ``jax.lax.scan``) and the
+    Flax NNX modules give the unrolled functional model's outputs (the floor's forms time one computation)."""
+    pytest.importorskip("flax")
+    import jax
+    import numpy as np
+
+    from benchmarks.onnx_native import _forward, _init, _nnx_model
+
+    values = _init(family, 3)
+    ids = np.random.default_rng(0).integers(0, 1000, (2, 8)).astype(np.int32)
+    unrolled = _forward(family, jax.tree.map(np.asarray, values), ids, scan=False)
+    stacked = {**values, "layers": jax.tree.map(lambda *v: np.stack(v), *values["layers"])}
+    np.testing.assert_allclose(_forward(family, stacked, ids, scan=True), unrolled, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(_nnx_model(family, 3)(ids), unrolled, rtol=2e-5, atol=2e-5)
+    assert unrolled.shape == (2, 8, 128) and np.isfinite(unrolled).all()
