@@ -31,7 +31,7 @@ GENERATED = os.path.join(HERE, "_generated")
 SPEC = os.path.join(os.path.dirname(HERE), "optkit", "SPEC.md")
 
 # Classes whose public methods and properties belong in the reference.
-WITH_MEMBERS = {"FlatParams", "Graph", "BackendRep", "Backend", "InputInfo"}
+WITH_MEMBERS = {"FlatParams", "Graph", "BackendRep", "Backend", "InputInfo", "OnnxFunction"}
 # optkit's type aliases: documented as data, referred to as classes by type hints.
 TYPE_ALIASES = {"optkit.onnx.ModelSource"}
 # Members that are protocols, not API (JAX's pytree registration).

@@ -142,7 +142,7 @@ class OnnxFunction:
         :func:`~optkit.onnx.with_initializers` and ONNX Runtime's names need. Other entries are passed through.
 
         Args:
-          params: ``{name: array}`` with the names of :attr:`param_names` (``to_jax``'s ``params``, trained).
+          params: ``{name: array}`` with the names of ``param_names`` (``to_jax``'s ``params``, trained).
 
         Returns:
           A new dict; ``params`` is not changed. A stacked ``(layers, *shape)`` array gives ``layers`` arrays of
@@ -210,7 +210,7 @@ class OnnxFunction:
         return result[0] if self._single else result
 
     def summary(self) -> str:
-        """What is in the model (``optkit-onnx summary``'s text, :func:`optkit.onnx._summary.describe`), and
+        """What is in the model (``optkit-onnx summary``'s text), and
         what ``params`` holds: the initializers trained, their values and bytes."""
         if self._summary is None:
             sizes = {name: (int(np.prod(shape, dtype=np.int64)), np.dtype(dtype).itemsize)
@@ -351,7 +351,7 @@ def to_jax(
         ``params["<first layer's name>...<last layer's name>"]`` of shape ``(layers, *shape)`` in place of the
         layers' own entries (``apply_fn.stacked`` maps each to its initializer names, in order). The optimizer's
         state, ``OnnxModule``'s ``nnx.Param``, checkpoints and sharding rules then see the stacked arrays;
-        :func:`with_initializers` (given ``apply_fn``, or an ``OnnxModule``) and :meth:`OnnxFunction.unstacked`
+        :func:`with_initializers` (given ``apply_fn``, or an ``OnnxModule``) and :meth:`~optkit.onnx.OnnxFunction.unstacked`
         give them back per initializer. A run cut where its weights change shape (ResNet's stages) stacks each
         stretch of 2 layers or more; weights only some layers train, and runs that are not scanned, keep their
         names. None (default): stacked wherever a run is scanned, except LoRA adapters (kept per layer, as ONNX

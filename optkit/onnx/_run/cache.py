@@ -33,8 +33,8 @@ def compilation_cache() -> str | None:
     """Turn on JAX's persistent compilation cache for this process, as every model load does, and give its
     directory: ``<user cache>/optkit/jax-<jax version>-jaxlib-<jaxlib version>`` (``$XDG_CACHE_HOME`` or
     ``~/.cache`` on Linux, ``~/Library/Caches`` on macOS, ``%LOCALAPPDATA%`` on Windows), bounded to
-    :data:`CACHE_MAX_BYTES` (1 GiB; JAX evicts the least recently used entries) and holding the programs that
-    took :data:`CACHE_MIN_COMPILE_SECONDS` (0.3 s) or more to compile.
+    1 GiB (JAX evicts the least recently used entries) and holding the programs that took 0.3 s or more to
+    compile.
 
     The user decides first; then nothing is changed:
 
@@ -51,8 +51,7 @@ def compilation_cache() -> str | None:
     Returns:
       The directory JAX's cache uses (the user's own included), or None when it is off.
 
-    Raises:
-      Nothing: a cache that cannot be used is left off.
+    It raises nothing: a cache that cannot be used is left off.
 
     Source: JAX's persistent compilation cache (``jax_compilation_cache_dir``,
     ``jax_compilation_cache_max_size``, ``jax_persistent_cache_min_compile_time_secs``); docs "Compile once".
