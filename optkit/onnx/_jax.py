@@ -72,8 +72,8 @@ class OnnxFunction:
       model: the checked ``onnx.ModelProto`` (with ``lora=``, the model with its adapter nodes).
       lora: the :class:`~optkit.onnx.LoRA` its adapters were made with, or None.
       adapters: the adapters' names in ``params`` (``<W>.lora_A``, ``<W>.lora_B``), or ().
-      stacked: ``{stacked parameter's name: its initializers' names, layer by layer}`` with
-        ``to_jax(..., stacked_params=True)``, else empty.
+      stacked: ``{stacked parameter's name: its initializers' names, layer by layer}`` for the scanned runs
+        whose weights ``to_jax`` holds stacked (``stacked_params``), else empty.
 
     Raises:
       TypeError: (at call, while tracing) ``params`` not a mapping, a
@@ -137,7 +137,7 @@ class OnnxFunction:
         self._feed_names = {key: stacked_name(names) for key, names in self.stacked.items()}
 
     def unstacked(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """``params`` with each stacked parameter (``to_jax(..., stacked_params=True)``) given back as the ONNX
+        """``params`` with each stacked parameter (:func:`to_jax`'s ``stacked_params``) given back as the ONNX
         initializers it holds, one per layer: ``{initializer name: array}``, what
         :func:`~optkit.onnx.with_initializers` and ONNX Runtime's names need. Other entries are passed through.
 
