@@ -346,18 +346,18 @@ def to_jax(
         JAX is: docs "Repeated layers").
       remat_layers: rematerialize the scanned layers in the backward pass (``jax.checkpoint`` of the scanned
         body): activation memory of one layer instead of all, for a second forward pass. Default False.
-      stacked_params: hold each scanned run's per-layer trained initializers as one parameter with a leading
-        layer axis (MaxText's and T5X's scanned parameters), so that no call stacks them:
-        ``params["<first layer's name>...<last layer's name>"]`` of shape ``(layers, *shape)`` in place of the
-        layers' own entries (``apply_fn.stacked`` maps each to its initializer names, in order). The optimizer's
-        state, ``OnnxModule``'s ``nnx.Param``, checkpoints and sharding rules then see the stacked arrays;
-        :func:`with_initializers` (given ``apply_fn``, or an ``OnnxModule``) and :meth:`~optkit.onnx.OnnxFunction.unstacked`
-        give them back per initializer. A run cut where its weights change shape (ResNet's stages) stacks each
-        stretch of 2 layers or more; weights only some layers train, and runs that are not scanned, keep their
-        names. None (default): stacked wherever a run is scanned, except LoRA adapters (kept per layer, as ONNX
-        Runtime's adapter files name them); True: the same, adapters too; False: every initializer under its own
-        name, the scanned run stacking them inside ``apply_fn`` at every call (on XLA:CPU, a 24-layer BERT's first
-        training step took 13.7 s that way against 3.9 s stacked: docs "Repeated layers").
+      stacked_params: hold each scanned run's per-layer trained initializers as one parameter with a leading layer
+        axis (MaxText's and T5X's scanned parameters), so that no call stacks them: ``params["<first layer's
+        name>...<last layer's name>"]`` of shape ``(layers, *shape)`` in place of the layers' own entries
+        (``apply_fn.stacked`` maps each to its initializer names, in order). The optimizer's state, ``OnnxModule``'s
+        ``nnx.Param``, checkpoints and sharding rules then see the stacked arrays; :func:`with_initializers` (given
+        ``apply_fn``, or an ``OnnxModule``) and :meth:`~optkit.onnx.OnnxFunction.unstacked` give them back per
+        initializer. A run cut where its weights change shape (ResNet's stages) stacks each stretch of 2 layers or
+        more; weights only some layers train, and runs that are not scanned, keep their names. None (default): stacked
+        wherever a run is scanned, except LoRA adapters (kept per layer, as ONNX Runtime's adapter files name them);
+        True: the same, adapters too; False: every initializer under its own name, the scanned run stacking them
+        inside ``apply_fn`` at every call (on XLA:CPU, a 24-layer BERT's first training step took 13.7 s that way
+        against 3.9 s stacked: docs "Repeated layers").
 
     Returns:
       ``(apply_fn, params)``.
