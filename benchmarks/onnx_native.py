@@ -150,24 +150,35 @@ def _block(family: str, p: dict, x, rope):
 
 
 def _forward(family: str, params: dict, ids, scan: bool):
+    """The functional model: per-layer dicts in ``params["layers"]`` unrolled, or stacked ones scanned."""
+    import jax
+
+    def layers(x, rope):
+        if scan:
+            return jax.lax.scan(lambda h, p: (_block(family, p, h, rope), None), x, params["layers"])[0]
+        for p in params["layers"]:
+            x = _block(family, p, x, rope)
+        return x
+
+    return _around(family, params, ids, layers)
+
+
+def _around(family: str, params: dict, ids, layers):
+    """The embeddings (and learned positions), ``layers(x, rope)``, and the final norm (GPT-2, LLaMA)."""
     import jax
     import jax.numpy as jnp
 
-    x = params["embed"][ids]
     t = ids.shape[1]
     rope = _rope(family, t)
+    x = params["embed"][ids]
     if family != "llama":
         x = x + params["pos"][:t]
-    if scan:
-        x, _ = jax.lax.scan(lambda h, p: (_block(family, p, h, rope), None), x, params["layers"])
-    else:
-        for p in params["layers"]:
-            x = _block(family, p, x, rope)
+    x = layers(x, rope)
     if family == "bert":
         return x
-    mean = jnp.mean(x, -1, keepdims=True)
     if family == "llama":
         return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * params["norm"]
+    mean = jnp.mean(x, -1, keepdims=True)
     var = jnp.mean((x - mean) ** 2, -1, keepdims=True)
     return (x - mean) * jax.lax.rsqrt(var + 1e-5) * params["norm"] + params["norm_b"]
 
@@ -191,23 +202,12 @@ def _nnx_model(family: str, layers: int):
             self.blocks = nnx.List([Block(p) for p in values["layers"]])
 
         def __call__(self, ids):
-            import jax.numpy as jnp
-
-            top = {k: v[...] for k, v in self.top.items()}
-            x = top["embed"][ids]
-            t = ids.shape[1]
-            rope = _rope(family, t)
-            if family != "llama":
-                x = x + top["pos"][:t]
-            for block in self.blocks:
-                x = block(x, rope)
-            if family == "bert":
+            def layers(x, rope):
+                for block in self.blocks:
+                    x = block(x, rope)
                 return x
-            if family == "llama":
-                return x * jnp.reciprocal(jnp.sqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6)) * top["norm"]
-            mean = jnp.mean(x, -1, keepdims=True)
-            var = jnp.mean((x - mean) ** 2, -1, keepdims=True)
-            return (x - mean) / jnp.sqrt(var + 1e-5) * top["norm"] + top["norm_b"]
+
+            return _around(family, {k: v[...] for k, v in self.top.items()}, ids, layers)
 
     return Model()
 
