@@ -6,11 +6,10 @@ The forward pass is one fused loop (XLA:CPU's grouped convolution with one chann
 (8, 64, 56, 56) and a 3x3 kernel, the slices 0.3 ms). JAX's own derivative of the slices is one reduction per
 kernel tap for the weight and one padded copy per tap for the input, which XLA:CPU neither fuses nor compiles
 quickly (mobilenet_v3_small's jitted ``value_and_grad``: 52,583 lines of optimized HLO, 12.1 s of compile).
-:func:`depthwise` instead carries a ``jax.custom_jvp`` whose tangent reverse mode transposes into the two compact
-gradients: the input's tangent is JAX's transpose of :func:`input_gradient` (one depthwise convolution of the
-spread-out cotangent), the weight's a primitive (:data:`by_weight_p`) whose transpose rule is
-:func:`weight_gradient` (one variadic reduction over the taps). Forward mode, ``vmap`` and higher orders keep
-working.
+:func:`depthwise` is instead one primitive (:data:`depthwise_p`), bilinear in the input and the weight, which
+reverse mode transposes into the two compact gradients: :func:`input_gradient` (one depthwise convolution of the
+spread-out cotangent) and :func:`weight_gradient` (one variadic reduction over the taps). Forward mode, ``vmap`` and
+higher orders keep working, and JAX traces one operation per node rather than each tap's.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.core import ShapedArray
-from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
@@ -85,7 +83,7 @@ def input_gradient(g, w, x_shape, strides, dilations, channels_last):
               for k, d, s, size, out in zip(jnp.shape(w)[2:], dilations, strides, sizes, outs)]
     spread = lax.pad(g, jnp.zeros((), g.dtype), spatial(n + 2, channels_last, config, (0, 0, 0)))
     flipped = jnp.flip(w, axis=tuple(range(2, n + 2)))
-    dx = shifted(spread, flipped, (1,) * n, dilations, channels_last)
+    dx = depthwise(spread, flipped, (1,) * n, dilations, channels_last)
     channels = x_shape[n + 1 if channels_last else 1]
     multiplier = jnp.shape(w)[0] // channels
     if multiplier > 1:
@@ -112,76 +110,73 @@ def weight_gradient(g, x, w_shape, strides, dilations, channels_last):
     return jnp.reshape(jnp.stack(sums, axis=-1), w_shape).astype(dtype)
 
 
-# shifted(x, t) as a primitive bilinear in (x, t), used for the weight's tangent ``t`` in depthwise's JVP: JAX
-# transposes it with weight_gradient's one variadic reduction (which no sum of jax.numpy operations transposes to)
-# and, in higher orders, with input_gradient for x. Lowered, evaluated and batched as shifted itself.
-by_weight_p = Primitive("optkit_depthwise_by_weight")
+def out_shape(x_shape, w_shape, strides, dilations, channels_last):
+    """The shape of :func:`shifted`'s result for an input of shape ``x_shape`` and a weight of shape ``w_shape``
+    (VALID windows; the weight's C * m channels in place of the input's C)."""
+    sizes = logical_shape(x_shape, channels_last)[2:]
+    out = [(size - (k - 1) * d - 1) // s + 1 for size, k, d, s in zip(sizes, w_shape[2:], dilations, strides)]
+    channel = len(x_shape) - 1 if channels_last else 1
+    shape = list(with_spatial(x_shape, channels_last, out))
+    shape[channel] = w_shape[0]
+    return tuple(shape)
 
 
-def by_weight(x, t, strides, dilations, channels_last):
-    """:func:`shifted` of ``x`` and the weight tangent ``t``, as :data:`by_weight_p`."""
-    return by_weight_p.bind(x, t, strides=tuple(strides), dilations=tuple(dilations), channels_last=channels_last)
+# The depthwise convolution as one primitive, bilinear in (x, w): JAX's linearization and transposition see one
+# operation per node instead of the kernel's taps (a sum of k1 * k2 slices and products, traced, differentiated and
+# transposed op by op: mobilenet_v3_small's training step traced in 4.5 s, most of it in its 11 depthwise nodes).
+# Lowered as :func:`shifted` (JAX's lowering cache emits one function per shape); transposed into
+# :func:`input_gradient` for x (itself this primitive) and :func:`weight_gradient` for w (one variadic reduction,
+# which no sum of jax.numpy operations transposes to). Forward mode, ``vmap`` and higher orders compose.
+depthwise_p = Primitive("optkit_depthwise")
 
 
-def _by_weight_impl(x, t, *, strides, dilations, channels_last):
-    return shifted(x, t, strides, dilations, channels_last)
-
-
-def _by_weight_shape(x, t, **params):
-    out = jax.eval_shape(functools.partial(_by_weight_impl, **params), x, t)
-    return ShapedArray(out.shape, out.dtype)
-
-
-def _by_weight_transpose_x(g, x, t, *, strides, dilations, channels_last):
-    return input_gradient(g, t, x.aval.shape, strides, dilations, channels_last).astype(x.aval.dtype)
-
-
-def _by_weight_transpose_t(g, x, t, *, strides, dilations, channels_last):
-    return weight_gradient(g, x, t.aval.shape, strides, dilations, channels_last).astype(t.aval.dtype)
-
-
-def _by_weight_batch(args, dims, **params):
-    """A batch axis on ``x`` alone joins its N axis (one primitive, as unbatched); otherwise ``jax.vmap`` of
-    :func:`shifted` (JAX's own derivative from there)."""
-    (x, t), (x_dim, t_dim) = args, dims
-    if t_dim is None:  # not mapped
-        x = jnp.moveaxis(x, x_dim, 0)
-        folded = by_weight(jnp.reshape(x, (-1, *jnp.shape(x)[2:])), t, **params)
-        return jnp.reshape(folded, (jnp.shape(x)[0], -1, *jnp.shape(folded)[1:])), 0
-    return jax.vmap(functools.partial(_by_weight_impl, **params), (x_dim, t_dim))(x, t), 0
-
-
-by_weight_p.def_impl(_by_weight_impl)
-by_weight_p.def_abstract_eval(_by_weight_shape)
-mlir.register_lowering(by_weight_p, mlir.lower_fun(_by_weight_impl, multiple_results=False))
-ad.defbilinear(by_weight_p, _by_weight_transpose_x, _by_weight_transpose_t)
-batching.primitive_batchers[by_weight_p] = _by_weight_batch
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
 def depthwise(x, w, strides, dilations, channels_last):
-    """:func:`shifted`, differentiable in every mode, with a tangent whose transpose (reverse mode) is
-    :func:`input_gradient` plus :func:`weight_gradient`: mobilenet_v3_small's jitted ``value_and_grad`` at
-    2 x 3 x 32 x 32 compiles from 19,280 lines of optimized HLO instead of 52,583 (benchmarks/RESULTS.md, "Small
-    inputs"). ``strides`` and ``dilations`` are tuples of ints, one per spatial axis."""
+    """:func:`shifted` as :data:`depthwise_p`: differentiable in every mode, with a reverse-mode derivative of
+    :func:`input_gradient` plus :func:`weight_gradient` (mobilenet_v3_small's jitted ``value_and_grad`` at
+    2 x 3 x 32 x 32 compiles from 19,280 lines of optimized HLO instead of 52,583: benchmarks/RESULTS.md, "Small
+    inputs"). ``x`` is padded already; ``strides`` and ``dilations`` are ints, one per spatial axis."""
+    return depthwise_p.bind(x, w, strides=tuple(int(s) for s in strides),
+                            dilations=tuple(int(d) for d in dilations), channels_last=bool(channels_last))
+
+
+def _depthwise_impl(x, w, *, strides, dilations, channels_last):
     return shifted(x, w, strides, dilations, channels_last)
 
 
-def _depthwise_jvp(strides, dilations, channels_last, primals, tangents):
-    """The input's tangent as the linear transpose of :func:`input_gradient` (``jax.linear_transpose``), the
-    weight's as :func:`by_weight`: evaluated as written in forward mode, transposed back into the two gradients'
-    own forms in reverse mode."""
-    x, w = primals
-    dx, dw = tangents
-    y = shifted(x, w, strides, dilations, channels_last)
-    tangent = None
-    if not isinstance(dx, SymbolicZero):  # (y as the example: its type carries a mesh's sharding)
-        (tangent,) = jax.linear_transpose(
-            lambda g: input_gradient(g, w, jnp.shape(x), strides, dilations, channels_last), y)(dx)
-    if not isinstance(dw, SymbolicZero):
-        along = by_weight(x, dw, strides, dilations, channels_last)
-        tangent = along if tangent is None else tangent + along
-    return y, (jnp.zeros_like(y) if tangent is None else tangent)
+def _depthwise_abstract(x, w, *, strides, dilations, channels_last):
+    """The result's shape from the windows' arithmetic (no trace of the taps); its dtype the operands' common one;
+    on a mesh, the input's batch axis sharded as it is."""
+    shape = out_shape(x.shape, w.shape, strides, dilations, channels_last)
+    dtype = jnp.result_type(x.dtype, w.dtype)
+    sharding = getattr(x, "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if spec is None or not hasattr(sharding, "update"):
+        return ShapedArray(shape, dtype)
+    batch = spec[0] if len(spec) else None
+    return ShapedArray(shape, dtype, sharding=sharding.update(spec=type(spec)(batch, *([None] * (len(shape) - 1)))))
 
 
-depthwise.defjvp(_depthwise_jvp, symbolic_zeros=True)
+def _depthwise_transpose_x(g, x, w, *, strides, dilations, channels_last):
+    return input_gradient(g, w, x.aval.shape, strides, dilations, channels_last).astype(x.aval.dtype)
+
+
+def _depthwise_transpose_w(g, x, w, *, strides, dilations, channels_last):
+    return weight_gradient(g, x, w.aval.shape, strides, dilations, channels_last).astype(w.aval.dtype)
+
+
+def _depthwise_batch(args, dims, **params):
+    """A batch axis on ``x`` alone joins its N axis (one primitive, as unbatched); otherwise ``jax.vmap`` of
+    :func:`shifted` (JAX's own derivative from there)."""
+    (x, w), (x_dim, w_dim) = args, dims
+    if w_dim is None:  # not mapped
+        x = jnp.moveaxis(x, x_dim, 0)
+        folded = depthwise_p.bind(jnp.reshape(x, (-1, *jnp.shape(x)[2:])), w, **params)
+        return jnp.reshape(folded, (jnp.shape(x)[0], -1, *jnp.shape(folded)[1:])), 0
+    return jax.vmap(functools.partial(_depthwise_impl, **params), (x_dim, w_dim))(x, w), 0
+
+
+depthwise_p.def_impl(jax.jit(_depthwise_impl, static_argnames=("strides", "dilations", "channels_last")))
+depthwise_p.def_abstract_eval(_depthwise_abstract)
+mlir.register_lowering(depthwise_p, mlir.lower_fun(_depthwise_impl, multiple_results=False))
+ad.defbilinear(depthwise_p, _depthwise_transpose_x, _depthwise_transpose_w)
+batching.primitive_batchers[depthwise_p] = _depthwise_batch
