@@ -24,7 +24,7 @@ from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from optkit.onnx._ops._window import logical_shape, per_channel, spatial, with_spatial
+from optkit.onnx._ops._window import logical_shape, spatial, with_spatial
 
 
 def accumulator(dtype):
@@ -62,11 +62,15 @@ def shifted(x, w, strides, dilations, channels_last=False):
     inputs")."""
     dtype = jnp.result_type(x, w)
     work = accumulator(dtype) or dtype
+    # lax's operations, not jax.numpy's: each of those is a jitted function of its own, which JAX traces apart
+    channel = jnp.ndim(x) - 1 if channels_last else 1
+    weights = lax.convert_element_type(jnp.reshape(w, (jnp.shape(w)[0], -1)), work)  # (C * m, taps)
     total = None  # 16-bit floats summed in float32 and rounded once, as a convolution's accumulator does
-    for offset, tap in taps(x, jnp.shape(w), strides, dilations, channels_last):
-        weight = jnp.reshape(w[(slice(None), 0, *offset)], per_channel(jnp.ndim(x), channels_last))
-        term = tap.astype(work) * weight.astype(work)
-        total = term if total is None else total + term
+    for i, (_, tap) in enumerate(taps(x, jnp.shape(w), strides, dilations, channels_last)):
+        weight = lax.broadcast_in_dim(lax.index_in_dim(weights, i, axis=1, keepdims=False), jnp.shape(tap),
+                                      (channel,))
+        term = lax.mul(lax.convert_element_type(tap, work), weight)
+        total = term if total is None else lax.add(total, term)
     return total.astype(dtype)
 
 
@@ -102,7 +106,8 @@ def weight_gradient(g, x, w_shape, strides, dilations, channels_last):
     dtype = jnp.result_type(g)
     work = accumulator(dtype) or dtype
     channel = jnp.ndim(g) - 1 if channels_last else 1
-    products = tuple(tap.astype(work) * g.astype(work)
+    g = lax.convert_element_type(g, work)
+    products = tuple(lax.mul(lax.convert_element_type(tap, work), g)
                      for _, tap in taps(x, w_shape, strides, dilations, channels_last))
     zero = jnp.zeros((), work)
     sums = lax.reduce(products, (zero,) * len(products), lambda a, b: tuple(p + q for p, q in zip(a, b)),
