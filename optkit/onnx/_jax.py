@@ -33,7 +33,8 @@ from optkit.onnx._plans.layers import layers_of, stacked_name
 from optkit.onnx._run.cache import compilation_cache
 from optkit.onnx._run.feeds import Feeds, run_dtype
 from optkit.onnx._run.held import gathered_where_used, held_weights, stacked_groups, stacked_specs
-from optkit.onnx._run.program import Program, graph_function
+from optkit.onnx._run.program import Program, graph_function, program_key
+from optkit.onnx._run.warm import model_digest, warm_call
 from optkit.onnx._summary import describe
 from optkit.onnx._training_model import select_trainable
 
@@ -123,6 +124,7 @@ class OnnxFunction:
         self.stacked: dict[str, tuple[str, ...]] = {}  # (to_jax's stacked_params: _stack_params)
         self._feed_names: dict[str, str] = {}
         self._summary: str | None = None
+        self._options: str | None = None  # (to_jax's options, for warm starts: optkit.onnx._run.warm)
         self.lora: LoRA | None = lora
         self.adapters: tuple[str, ...] = loaded.adapters
         self._frozen: dict[str, jax.Array] = {}  # with lora: the frozen base on the device
@@ -206,8 +208,15 @@ class OnnxFunction:
         run = graph_function(self._functions, self._graph, self.outputs, static,
                              (*(self._feed_names.get(name, name) for name in params), *self._frozen, *dynamic),
                              Program(checks=self._checks, jit=not inside, rng=rng is not None, layers=self._layers))
-        result = run(*values)
+        result = (inside and rng is None and not self._checks and warm_call(  # (exported once: _run/warm.py)
+            run, lambda: self._warm_parts(dynamic, static), values)) or run(*values)
         return result[0] if self._single else result
+
+    def _warm_parts(self, dynamic: tuple[str, ...], static: Mapping[str, Any]) -> tuple | None:
+        digest = model_digest(self)
+        return None if digest is None or self._options is None else (
+            digest, self._options, self.outputs, tuple(self._specs), tuple(self._frozen),
+            program_key(dynamic, Program(jit=False), static))
 
     def summary(self) -> str:
         """What is in the model (``optkit-onnx summary``'s text), and
@@ -430,6 +439,9 @@ def to_jax(
     apply_fn = OnnxFunction(loaded, specs, tuple(chosen), single, checks, scan_layers, remat_layers, lora)
     if stacked_params:
         apply_fn._stack_params(loaded.graph.initializers)
+    # (the limits as given: the default tensor bound follows the free memory of the moment)
+    apply_fn._options = repr((max_tensor_bytes, max_gradient_depth, max_gradient_passes, max_node_work,
+                              max_loop_steps, untie, checks, scan_layers, remat_layers, lora, stacked_params))
     params = {}
     for name, (_, dtype) in apply_fn._specs.items():
         layers = apply_fn.stacked.get(name)

@@ -86,7 +86,7 @@ def load_model(model: ModelSource, *, base_dir: str | os.PathLike[str] | None = 
     proto, origin, directory = read_model(model, base_dir, Limits.make(max_tensor_bytes))
     check_model(proto, origin)
     proto = load_external_data(proto, directory, origin)
-    digest = _digest(proto)
+    digest = digest_of(proto)
     if digest is not None:
         _CHECKED[digest] = None
         while len(_CHECKED) > _CHECKED_MAX:
@@ -113,7 +113,7 @@ def model_proto(model: Any, argument: str = "model") -> onnx.ModelProto:
                     f"apply_fn, got {type(model).__name__}")
 
 
-def _digest(proto: onnx.ModelProto) -> bytes | None:
+def digest_of(proto: onnx.ModelProto) -> bytes | None:
     """A digest of the serialized model (None above protobuf's 2 GiB)."""
     if sum(declared_bytes(t) for _, t, _ in tensors_of(proto)) >= 2**31:  # (ByteSize itself refuses such a model)
         return None
@@ -127,7 +127,7 @@ def check_once(proto: onnx.ModelProto, origin: str, given: Any) -> None:
     """:func:`check_model`, unless ``given`` (what the caller passed) is a ModelProto that :func:`load_model`
     checked and returned, unchanged since (by the digest of its bytes)."""
     if _CHECKED and isinstance(given, onnx.ModelProto) and proto is given:  # no digest unless one could match
-        digest = _digest(proto)
+        digest = digest_of(proto)
         if digest is not None and digest in _CHECKED:
             _log.debug("onnx.checker: %s was checked by load_model already", origin)
             return

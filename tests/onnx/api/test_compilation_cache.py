@@ -1,5 +1,6 @@
 """JAX's persistent compilation cache, on by default for optkit's programs (optkit.onnx._run.cache): a second
-process reads the first one's training step instead of compiling it; the opt-out, a user's own directory and an
+process reads the first one's training step instead of compiling it (and apply_fn's exported forward and
+backward instead of tracing the graph); the opt-out, a user's own directory and an
 unwritable one are respected. Each case runs fresh Python processes, as users start them."""
 
 import json
@@ -25,8 +26,15 @@ def count(name, **kwargs):
     elif name == "/jax/compilation_cache/cache_misses":
         events["misses"] += 1
 jax.monitoring.register_event_listener(count)
+import logging
 import jax.numpy as jnp, numpy as np, optax, optkit, optkit.onnx
-row = {}
+row = {"warm": []}
+class Warm(logging.Handler):
+    def emit(self, record):
+        if record.getMessage().startswith("warm start"):
+            row["warm"].append(record.getMessage())
+logging.getLogger("optkit.onnx").addHandler(Warm())
+logging.getLogger("optkit.onnx").setLevel(logging.INFO)
 if sys.argv[1]:
     data = np.load(sys.argv[1] + ".npz")
     apply_fn, params = optkit.onnx.to_jax(sys.argv[1] + ".onnx")
@@ -71,6 +79,10 @@ def test_a_second_process_reads_the_first_ones_training_step_from_the_default_ca
     assert second["hits"] >= 1, second  # (the training step at least: it compiles for seconds)
     assert second["misses"] < first["misses"]
     assert second["loss"] == first["loss"]  # the same executable
+    # apply_fn's forward and backward exported by the first process, read by the second (optkit.onnx._run.warm)
+    assert [m.split(" in ")[0] for m in first["warm"]] == ["warm start: exported apply_fn's forward and backward"]
+    assert len(second["warm"]) == 1 and "read from" in second["warm"][0], second["warm"]
+    assert len(list((expected / "optkit-warm").glob("*.npz"))) == 1
 
 
 @pytest.mark.parametrize("value", ["off", "0", "False", "no"])
