@@ -44,6 +44,9 @@ def compilation_cache() -> str | None:
       ``JAX_COMPILATION_CACHE_DIR``): it, with your bound and threshold, is used;
     - ``jax.config.update("jax_enable_compilation_cache", False)``: JAX's own switch, off.
 
+    ``to_jax``'s warm starts keep ``apply_fn``'s exported forward and backward passes in its ``optkit-warm``
+    folder (:mod:`optkit.onnx._run.warm`; docs "Warm starts"), and are off when the cache is.
+
     A directory that cannot be made or written leaves the cache off (logged at INFO on the ``optkit.onnx``
     logger). The first call decides, once per process. JAX's cache is trusted: do not point it at a
     directory others can write.
