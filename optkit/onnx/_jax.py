@@ -26,15 +26,16 @@ from optkit.onnx._base.limits import Limits
 from optkit.onnx._base.tracing import as_key
 from optkit.onnx._load.adapters import LoRA
 from optkit.onnx._load.convert import Converted
-from optkit.onnx._load.files import ModelSource
+from optkit.onnx._load.files import ModelSource, model_identity
 from optkit.onnx._load.pipeline import load
 from optkit.onnx._load.protos import InputInfo
+from optkit.onnx._ops import TABLE
 from optkit.onnx._plans.layers import layers_of, stacked_name
 from optkit.onnx._run.cache import compilation_cache
 from optkit.onnx._run.feeds import Feeds, run_dtype
 from optkit.onnx._run.held import gathered_where_used, held_weights, stacked_groups, stacked_specs
 from optkit.onnx._run.program import Program, graph_function, program_key
-from optkit.onnx._run.warm import model_digest, warm_call
+from optkit.onnx._run.warm import warm_call
 from optkit.onnx._summary import describe
 from optkit.onnx._training_model import select_trainable
 
@@ -200,10 +201,9 @@ class OnnxFunction:
         values = (*params.values(), *self._frozen.values(), *(feeds[name] for name in dynamic))
         if rng is not None:
             values = (as_key(rng), *values)
-        # Inside a caller's trace (jax.jit, jax.grad) the graph is traced into it directly, not as a jax.jit of its
-        # own: JAX would trace the nested program and then linearize its jaxpr again for the caller's grad (a
-        # 12-layer LLaMA's training step traced in 4.6 s, 2.3 s of it that second pass). With checks, the checks
-        # are then staged for the caller's checkify.checkify.
+        # Inside a caller's trace (jax.jit, jax.grad) the graph is traced into it directly, not as a jax.jit that JAX
+        # would trace and then linearize again for the caller's grad (a 12-layer LLaMA's training step: 4.6 s of
+        # trace, 2.3 s of it that second pass); checks are then staged for the caller's checkify.checkify.
         inside = any(isinstance(v, jax.core.Tracer) for v in values)
         run = graph_function(self._functions, self._graph, self.outputs, static,
                              (*(self._feed_names.get(name, name) for name in params), *self._frozen, *dynamic),
@@ -213,10 +213,11 @@ class OnnxFunction:
         return result[0] if self._single else result
 
     def _warm_parts(self, dynamic: tuple[str, ...], static: Mapping[str, Any]) -> tuple | None:
-        digest = model_digest(self)
-        return None if digest is None or self._options is None else (
-            digest, self._options, self.outputs, tuple(self._specs), tuple(self._frozen),
-            program_key(dynamic, Program(jit=False), static))
+        self._identity = getattr(self, "_identity", None) or model_identity(self.model)  # (digest, operators)
+        if self._identity is None or self._options is None or self._identity[1] & TABLE.users():
+            return None  # (a user's registered operator: code the model's bytes do not show)
+        return (self._identity[0], self._options, self.outputs, tuple(self._specs), tuple(self._frozen),
+                program_key(dynamic, Program(jit=False), static))
 
     def summary(self) -> str:
         """What is in the model (``optkit-onnx summary``'s text), and
@@ -439,8 +440,7 @@ def to_jax(
     apply_fn = OnnxFunction(loaded, specs, tuple(chosen), single, checks, scan_layers, remat_layers, lora)
     if stacked_params:
         apply_fn._stack_params(loaded.graph.initializers)
-    # (the limits as given: the default tensor bound follows the free memory of the moment)
-    apply_fn._options = repr((max_tensor_bytes, max_gradient_depth, max_gradient_passes, max_node_work,
+    apply_fn._options = repr((max_tensor_bytes, max_gradient_depth, max_gradient_passes, max_node_work,  # as given
                               max_loop_steps, untie, checks, scan_layers, remat_layers, lora, stacked_params))
     params = {}
     for name, (_, dtype) in apply_fn._specs.items():

@@ -17,7 +17,7 @@ import onnx
 
 from optkit.onnx._base.limits import MAX_SUBGRAPH_DEPTH, Limits
 from optkit.onnx._base.values import DTYPES, node_name, storage_bits
-from optkit.onnx._base.walk import read_inside, subgraphs, too_deep
+from optkit.onnx._base.walk import nodes_of, read_inside, subgraphs, too_deep
 from optkit.onnx._load.tensors import check_tensors, declared_bytes, load_external_data, tensors_of
 
 __all__ = ["ModelSource", "load_model", "model_proto", "read_model", "check_model", "tensors_of"]
@@ -121,6 +121,17 @@ def digest_of(proto: onnx.ModelProto) -> bytes | None:
         return hashlib.blake2b(proto.SerializeToString(), digest_size=20).digest()
     except (ValueError, google.protobuf.message.EncodeError):
         return None
+
+
+def model_identity(proto: onnx.ModelProto | None) -> tuple[str, frozenset[tuple[str, str]]] | None:
+    """What keys a warm start's exported programs (``optkit.onnx._run.warm``): the digest of the model's bytes
+    and the ``(domain, op_type)`` of its nodes (a user's registered operator is code the bytes do not show); None
+    for a model whose tensors are in external files (not in the bytes) or above protobuf's 2 GiB."""
+    if proto is None or any(t.data_location == onnx.TensorProto.EXTERNAL for _, t, _ in tensors_of(proto)):
+        return None
+    digest = digest_of(proto)
+    operators = frozenset((n.domain, n.op_type) for g in (proto.graph, *proto.functions) for _, n in nodes_of(g))
+    return None if digest is None else (digest.hex(), operators)
 
 
 def check_once(proto: onnx.ModelProto, origin: str, given: Any) -> None:

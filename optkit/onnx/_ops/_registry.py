@@ -378,6 +378,10 @@ class OpTable:
                 self._versions[key[:2]].sort()
             self._rows[key] = spec
 
+    def users(self) -> frozenset[tuple[str, str]]:
+        """The ``(domain, op_type)`` of every operator a user registered (``register_op``)."""
+        return frozenset(key[:2] for key in self._rows if key not in self._builtin)
+
     def remove(self, domain: str, op_type: str) -> bool:
         """Remove a user's registrations of ``domain::op_type`` (every version); True if there were any.
 

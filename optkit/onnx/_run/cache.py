@@ -18,7 +18,7 @@ import sys
 
 import jax
 
-__all__ = ["compilation_cache", "CACHE_MAX_BYTES", "CACHE_MIN_COMPILE_SECONDS", "OPT_OUT"]
+__all__ = ["compilation_cache", "opted_out", "CACHE_MAX_BYTES", "CACHE_MIN_COMPILE_SECONDS", "OPT_OUT"]
 
 _log = logging.getLogger("optkit.onnx")
 
@@ -45,7 +45,7 @@ def compilation_cache() -> str | None:
     - ``jax.config.update("jax_enable_compilation_cache", False)``: JAX's own switch, off.
 
     ``to_jax``'s warm starts keep ``apply_fn``'s exported forward and backward passes in its ``optkit-warm``
-    folder (:mod:`optkit.onnx._run.warm`; docs "Warm starts"), and are off when the cache is.
+    folder (``optkit.onnx._run.warm``; docs "Warm starts"), and are off when the cache is.
 
     A directory that cannot be made or written leaves the cache off (logged at INFO on the ``optkit.onnx``
     logger). The first call decides, once per process. JAX's cache is trusted: do not point it at a
@@ -68,6 +68,11 @@ def compilation_cache() -> str | None:
     if "directory" not in _state:
         _state["directory"] = _turn_on()
     return _state["directory"]
+
+
+def opted_out() -> bool:
+    """True where ``OPTKIT_COMPILATION_CACHE`` says off (``off``, ``0``, ``false``, ``no``, ``none``)."""
+    return os.environ.get(OPT_OUT, "").strip().lower() in _OFF
 
 
 def _turn_on() -> str | None:

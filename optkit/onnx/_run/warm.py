@@ -19,8 +19,10 @@ is the same in every process, so XLA's compile is read from the persistent cache
 Only where that is the same function: inside ``jax.jit`` (and under at most one reverse-mode differentiation,
 ``jax.grad``/``jax.value_and_grad``/``jax.vjp``), on one device, without a mesh, without a random key or
 checks. Anything else (``jax.jvp``, ``jax.vmap``, ``jax.hessian``, ``jax.grad`` of ``jax.grad``, a mesh, several
-devices, eager calls) traces the graph as before. A model that cannot be exported (host callbacks, string
-outputs, an external-data model whose bytes are not in the ``ModelProto``) is traced as before, logged at INFO once.
+devices, eager calls) traces the graph as before. So does a model the key cannot stand for (weights in external
+files, which are not in its bytes; a user's registered operator, whose code is not) and one that JAX cannot
+export (host callbacks, string outputs: logged at INFO once). ``OPTKIT_COMPILATION_CACHE=off`` turns warm starts
+off, even where JAX's cache has a directory of the user's own.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from optkit.onnx._run.cache import compilation_cache
+from optkit.onnx._run.cache import compilation_cache, opted_out
 
 __all__ = ["WARM_MAX_BYTES", "warm_call"]
 
@@ -56,7 +58,7 @@ def warm_call(run: Callable[..., tuple], key_parts: Callable[[], Sequence[Any] |
     """``run(*values)`` from the exported pair when it can be (module docstring), else None (the caller traces
     ``run`` itself). ``key_parts()`` says what ``run`` is besides the values' types (the model's digest and the
     program's options, plain values with a stable ``repr``), or None where it cannot say."""
-    if not _eligible(values):
+    if opted_out() or not _eligible(values):
         return None
     directory = compilation_cache()
     parts = None if directory is None else key_parts()
@@ -66,7 +68,15 @@ def warm_call(run: Callable[..., tuple], key_parts: Callable[[], Sequence[Any] |
     if key not in _memory:
         _memory[key] = _load(directory, key) or _export(run, values, directory, key)
     entry = _memory[key]
-    return None if entry is None else _call(entry, values)
+    if entry is None:
+        return None
+    try:
+        return _call(entry, values)
+    except Exception as err:  # noqa: BLE001 (a program JAX read but cannot call here: traced as before)
+        _log.info("warm start: the exported apply_fn could not be called (%s: %s); traced instead",
+                  type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+        _memory[key] = None
+        return None
 
 
 def _eligible(values: Sequence[Any]) -> bool:
@@ -88,21 +98,6 @@ def _eligible(values: Sequence[Any]) -> bool:
             return False
         staged = True
     return staged
-
-
-def model_digest(fn: Any) -> str | None:
-    """The digest of ``to_jax``'s model bytes (the ``ModelProto`` after ``untie``/``lora``), kept on ``fn``; None
-    for a model whose tensors are in external files (not in the bytes) or above protobuf's 2 GiB."""
-    if not hasattr(fn, "_digest"):
-        import onnx
-
-        from optkit.onnx._load.files import digest_of
-
-        proto = fn.model
-        external = proto is None or any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
-        digest = None if external else digest_of(proto)
-        fn._digest = None if digest is None else digest.hex()
-    return fn._digest
 
 
 def _key(key_parts: Sequence[Any], values: Sequence[Any]) -> str:

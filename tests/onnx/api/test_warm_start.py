@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import optkit
 import optkit.onnx
+from optkit.onnx._load.files import model_identity
 from optkit.onnx._run import warm
 
 RNG = np.random.default_rng(7)
@@ -67,15 +68,24 @@ def _step(apply_fn, tx):
 
 @pytest.fixture
 def warm_dir(tmp_path, monkeypatch):
-    """Warm starts on in ``tmp_path`` (the suite runs with optkit's cache off), with an empty memory."""
+    """Warm starts on in ``tmp_path`` (the suite runs with ``OPTKIT_COMPILATION_CACHE=off``), with an empty
+    memory; :func:`_off` turns them off again."""
+    monkeypatch.setenv("OPTKIT_COMPILATION_CACHE", str(tmp_path))
     monkeypatch.setattr(warm, "compilation_cache", lambda: str(tmp_path))
     monkeypatch.setattr(warm, "_memory", {})
     return tmp_path / "optkit-warm"
 
 
-def _reference(x64: bool = False):
+def _off(monkeypatch):
+    monkeypatch.setenv("OPTKIT_COMPILATION_CACHE", "off")
+
+
+def _on(monkeypatch, warm_dir):
+    monkeypatch.setenv("OPTKIT_COMPILATION_CACHE", str(warm_dir.parent))
+
+
+def _reference():
     """The training step traced from the graph (no warm start): values, gradients, updated params."""
-    assert warm.compilation_cache() is None  # (tests/conftest.py: optkit's cache off in the suite)
     apply_fn, params = optkit.onnx.to_jax(MODEL)
     tx = optkit.adam(1e-2)
     return _step(apply_fn, tx)(params, tx.init(params), X)
@@ -90,9 +100,10 @@ def _assert_same(got, want, rtol):
 def test_a_jitted_training_step_runs_from_the_exported_pair_with_the_graphs_values(warm_dir, monkeypatch, x64,
                                                                                     caplog):
     with jax.enable_x64(x64):
-        monkeypatch.setattr(warm, "compilation_cache", lambda: None)
+        _off(monkeypatch)
         want = _reference()
-        monkeypatch.setattr(warm, "compilation_cache", lambda: str(warm_dir.parent))
+        assert not warm_dir.exists()
+        _on(monkeypatch, warm_dir)
         apply_fn, params = optkit.onnx.to_jax(MODEL)
         tx = optkit.adam(1e-2)
         step = _step(apply_fn, tx)
@@ -129,7 +140,7 @@ def test_what_the_exported_pair_cannot_be_traces_the_graph(warm_dir, monkeypatch
     }
     got = {name: case() for name, case in cases.items()}
     assert not warm_dir.exists() and not warm._memory
-    monkeypatch.setattr(warm, "compilation_cache", lambda: None)
+    _off(monkeypatch)
     for name, case in cases.items():
         _assert_same(got[name], case(), 1e-6)
 
@@ -143,9 +154,9 @@ def test_a_new_input_shape_is_a_new_program_and_a_damaged_file_is_exported_again
     [path] = warm_dir.glob("*.npz")
     path.write_bytes(b"not a program")
     monkeypatch.setattr(warm, "_memory", {})
-    monkeypatch.setattr(warm, "compilation_cache", lambda: None)
+    _off(monkeypatch)
     want = jax.jit(jax.value_and_grad(_loss(optkit.onnx.to_jax(MODEL)[0])))(params, X)
-    monkeypatch.setattr(warm, "compilation_cache", lambda: str(warm_dir.parent))
+    _on(monkeypatch, warm_dir)
     with caplog.at_level(logging.INFO, "optkit.onnx"):
         got = jax.jit(jax.value_and_grad(_loss(apply_fn)))(params, X)
     assert "unreadable" in caplog.text and "exported apply_fn's forward and backward" in caplog.text
@@ -170,15 +181,46 @@ def test_onnx_module_in_nnx_optimizer_runs_warm(warm_dir, monkeypatch):
 
     got = train()
     assert len(list(warm_dir.glob("*.npz"))) == 1
-    monkeypatch.setattr(warm, "compilation_cache", lambda: None)
+    _off(monkeypatch)
     _assert_same(got, train(), 1e-6)
 
 
 def test_a_model_with_external_data_is_not_exported(tmp_path, warm_dir):
     """Its weights are not in the ModelProto's bytes, so the bytes' digest cannot key a program."""
     path = tmp_path / "model.onnx"
-    onnx.save_model(MODEL, path, save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin",
+    copy = onnx.ModelProto()
+    copy.CopyFrom(MODEL)  # (onnx.save_model moves the tensors of the proto it saves to the file)
+    onnx.save_model(copy, path, save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin",
                     size_threshold=0)
     apply_fn, params = optkit.onnx.to_jax(str(path))
     jax.jit(jax.grad(_loss(apply_fn)))(params, X)
-    assert warm.model_digest(apply_fn) is None and not warm_dir.exists()
+    assert model_identity(apply_fn.model) is None and not warm_dir.exists()
+
+
+def test_a_model_with_a_registered_operator_is_not_exported(warm_dir):
+    """A user's operator is code the model's bytes do not show: registered again, the model loaded again runs the
+    new code."""
+    node = helper.make_node("Twice", ["x"], ["y"], domain="com.example.warm")
+    info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    model = helper.make_model(helper.make_graph([node], "g", [info], [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, [3])]), opset_imports=[helper.make_opsetid("", 17),
+                                                       helper.make_opsetid("com.example.warm", 1)])
+    optkit.onnx.register_op("com.example.warm", "Twice", lambda x: 2 * x)
+    try:
+        apply_fn, params = optkit.onnx.to_jax(model)
+        x = jnp.arange(3.0)
+        assert np.asarray(jax.jit(lambda x: apply_fn(params, x))(x)).tolist() == [0.0, 2.0, 4.0]
+        optkit.onnx.register_op("com.example.warm", "Twice", lambda x: 3 * x, replace=True)
+        apply_fn, params = optkit.onnx.to_jax(model)  # (a model's node functions are made when it is loaded)
+        assert np.asarray(jax.jit(lambda x: apply_fn(params, x))(x)).tolist() == [0.0, 3.0, 6.0]
+    finally:
+        optkit.onnx.unregister_op("com.example.warm", "Twice")
+    assert not warm_dir.exists()
+
+
+def test_the_opt_out_turns_warm_starts_off_even_with_a_cache_directory(warm_dir, monkeypatch):
+    """``OPTKIT_COMPILATION_CACHE=off`` with JAX's cache directory set (the suite's own, a user's): no export."""
+    _off(monkeypatch)
+    apply_fn, params = optkit.onnx.to_jax(MODEL)
+    jax.jit(jax.grad(_loss(apply_fn)))(params, X)
+    assert not warm_dir.exists() and not warm._memory
