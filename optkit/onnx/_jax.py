@@ -11,6 +11,7 @@ function does.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import os
 import warnings
@@ -125,7 +126,8 @@ class OnnxFunction:
         self.stacked: dict[str, tuple[str, ...]] = {}  # (to_jax's stacked_params: _stack_params)
         self._feed_names: dict[str, str] = {}
         self._summary: str | None = None
-        self._options: str | None = None  # (to_jax's options, for warm starts: optkit.onnx._run.warm)
+        self._options = repr((loaded.limits and dataclasses.replace(loaded.limits, max_tensor_bytes=0), outputs,
+                              checks, scan_layers, remat_layers, lora))  # (warm starts' key; the free memory aside)
         self.lora: LoRA | None = lora
         self.adapters: tuple[str, ...] = loaded.adapters
         self._frozen: dict[str, jax.Array] = {}  # with lora: the frozen base on the device
@@ -214,9 +216,9 @@ class OnnxFunction:
 
     def _warm_parts(self, dynamic: tuple[str, ...], static: Mapping[str, Any]) -> tuple | None:
         self._identity = getattr(self, "_identity", None) or model_identity(self.model)  # (digest, operators)
-        if self._identity is None or self._options is None or self._identity[1] & TABLE.users():
+        if self._identity is None or self._identity[1] & TABLE.users():
             return None  # (a user's registered operator: code the model's bytes do not show)
-        return (self._identity[0], self._options, self.outputs, tuple(self._specs), tuple(self._frozen),
+        return (self._identity[0], self._options, tuple(self._specs), tuple(self.stacked.items()), tuple(self._frozen),
                 program_key(dynamic, Program(jit=False), static))
 
     def summary(self) -> str:
@@ -440,8 +442,6 @@ def to_jax(
     apply_fn = OnnxFunction(loaded, specs, tuple(chosen), single, checks, scan_layers, remat_layers, lora)
     if stacked_params:
         apply_fn._stack_params(loaded.graph.initializers)
-    apply_fn._options = repr((max_tensor_bytes, max_gradient_depth, max_gradient_passes, max_node_work,  # as given
-                              max_loop_steps, untie, checks, scan_layers, remat_layers, lora, stacked_params))
     params = {}
     for name, (_, dtype) in apply_fn._specs.items():
         layers = apply_fn.stacked.get(name)

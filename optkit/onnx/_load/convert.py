@@ -69,6 +69,7 @@ class Converted:
       facts: what loading found out about the model for the runners (:class:`~optkit.onnx._load.analysis.Facts`;
         set by the pipeline, None for a sub-graph).
       adapters: the initializers that ``lora=`` added (``<W>.lora_A``, ``<W>.lora_B``), set by the pipeline.
+      limits: the :class:`~optkit.onnx._base.limits.Limits` it was converted under, set by the pipeline.
       node_keys: each graph node's structural key (:func:`optkit.onnx._plans.layers.node_key`; nodes with sub-graphs
         have none): the repeated layers are found with them.
     """
@@ -83,6 +84,7 @@ class Converted:
     table_initializers: frozenset[str] = frozenset()
     facts: Facts | None = None
     adapters: tuple[str, ...] = ()
+    limits: Limits | None = None
     node_keys: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 

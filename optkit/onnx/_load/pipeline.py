@@ -86,7 +86,7 @@ def load(model: ModelSource, limits: Limits, base_dir: str | os.PathLike[str] | 
     read, check, external, build = (b - a for a, b in zip(times, times[1:]))
     _log.info("loaded %s: read %.2f s, operators and onnx.checker %.2f s, external data %.2f s, converted %d nodes "
               "%.2f s", origin, read, check, external, len(converted.graph.nodes), build)
-    return dataclasses.replace(converted, model=proto, facts=facts, adapters=adapters)
+    return dataclasses.replace(converted, model=proto, facts=facts, adapters=adapters, limits=limits)
 
 
 def to_graph(
