@@ -11,10 +11,11 @@ frozen ones, the inputs):
 - ``backward``: the pullback, from the residuals and the outputs' cotangents to the fed values' cotangents;
 
 and writes them, serialized, under the cache's directory (``optkit-warm``), keyed by the model's bytes, the
-options of ``to_jax``, the fed names and their shapes and dtypes, the 64-bit setting, JAX's, jaxlib's and optkit's
-code. ``apply_fn`` is then a ``jax.custom_vjp`` of the two exported calls in that process and every later one:
-the caller's trace holds two calls instead of the graph, lowering copies their modules, and the caller's program
-is the same in every process, so XLA's compile is read from the persistent cache.
+options of ``to_jax``, the fed names and their shapes and dtypes, the 64-bit setting and JAX's numerical options,
+the versions of JAX, jaxlib, onnx and NumPy, and optkit's code. ``apply_fn`` is then a ``jax.custom_vjp`` of the
+two exported calls in that process and every later one: the caller's trace holds two calls instead of the graph,
+lowering copies their modules, and the caller's program is the same in every process, so XLA's compile is read
+from the persistent cache.
 
 Only where that is the same function: inside ``jax.jit`` (and under at most one reverse-mode differentiation,
 ``jax.grad``/``jax.value_and_grad``/``jax.vjp``), on one device, without a mesh, without a random key or
@@ -107,9 +108,11 @@ def _key(key_parts: Sequence[Any], values: Sequence[Any]) -> str:
              for v in values]
     config = {name: str(getattr(jax.config, name, None)) for name in (
         "jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_rank_promotion", "jax_numpy_dtype_promotion",
-        "jax_default_prng_impl", "jax_threefry_partitionable")}
-    text = repr((tuple(key_parts), types, config, jax.__version__, jaxlib.__version__, jax.default_backend(),
-                 _code_digest()))
+        "jax_default_prng_impl", "jax_threefry_partitionable", "jax_softmax_custom_jvp")}
+    import onnx
+
+    versions = (jax.__version__, jaxlib.__version__, onnx.__version__, np.__version__)  # (onnx: the schemas' defaults)
+    text = repr((tuple(key_parts), types, config, versions, jax.default_backend(), _code_digest()))
     return hashlib.blake2b(text.encode(), digest_size=20).hexdigest()
 
 
