@@ -224,3 +224,14 @@ def test_the_opt_out_turns_warm_starts_off_even_with_a_cache_directory(warm_dir,
     apply_fn, params = optkit.onnx.to_jax(MODEL)
     jax.jit(jax.grad(_loss(apply_fn)))(params, X)
     assert not warm_dir.exists() and not warm._memory
+
+
+def test_the_inputs_gradients_come_from_the_exported_backward_too(warm_dir, monkeypatch):
+    """``argnums=(0, 1)``: the float input's cotangent as well as the parameters', equal to the graph's."""
+    apply_fn, params = optkit.onnx.to_jax(MODEL)
+    got = jax.jit(jax.grad(_loss(apply_fn), argnums=(0, 1)))(params, X)
+    assert len(list(warm_dir.glob("*.npz"))) == 1
+    _off(monkeypatch)
+    want = jax.jit(jax.grad(_loss(optkit.onnx.to_jax(MODEL)[0]), argnums=(0, 1)))(params, X)
+    _assert_same(got, want, 1e-6)
+    assert float(jnp.max(jnp.abs(got[1]))) > 0
