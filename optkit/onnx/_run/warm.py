@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import io
 import json
 import logging
@@ -59,7 +60,7 @@ def warm_call(run: Callable[..., tuple], key_parts: Callable[[], Sequence[Any] |
     """``run(*values)`` from the exported pair when it can be (module docstring), else None (the caller traces
     ``run`` itself). ``key_parts()`` says what ``run`` is besides the values' types (the model's digest and the
     program's options, plain values with a stable ``repr``), or None where it cannot say."""
-    if opted_out() or not _eligible(values):
+    if opted_out() or not _eligible(values) or not _serializable():
         return None
     directory = compilation_cache()
     parts = None if directory is None else key_parts()
@@ -99,6 +100,16 @@ def _eligible(values: Sequence[Any]) -> bool:
             return False
         staged = True
     return staged
+
+
+@functools.cache
+def _serializable() -> bool:
+    """Whether ``jax.export`` can serialize here (it needs ``flatbuffers``, which optkit's ``onnx`` extra installs;
+    without it nothing is exported, rather than exported and dropped in every process)."""
+    if importlib.util.find_spec("flatbuffers") is None:
+        _log.info("warm start: off (jax.export's serialization needs the flatbuffers package)")
+        return False
+    return True
 
 
 def _key(key_parts: Sequence[Any], values: Sequence[Any]) -> str:
