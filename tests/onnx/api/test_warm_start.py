@@ -145,7 +145,8 @@ def test_what_the_exported_pair_cannot_be_traces_the_graph(warm_dir, monkeypatch
         _assert_same(got[name], case(), 1e-6)
 
 
-def test_new_values_of_the_same_types_reuse_the_program_and_a_damaged_file_is_exported_again(warm_dir, monkeypatch, caplog):
+def test_new_values_of_the_same_types_reuse_the_program_and_a_damaged_file_is_exported_again(warm_dir, monkeypatch,
+                                                                                              caplog):
     apply_fn, params = optkit.onnx.to_jax(MODEL)
     loss = jax.jit(jax.value_and_grad(_loss(apply_fn)))
     loss(params, X)
