@@ -43,8 +43,7 @@ def taps(x, w_shape, strides, dilations, channels_last):
     if multiplier > 1:
         x = jnp.repeat(x, multiplier, axis=channel_axis)
     kernel = w_shape[2:]
-    sizes = logical_shape(jnp.shape(x), channels_last)[2:]
-    out = [(size - (k - 1) * d - 1) // s + 1 for size, k, d, s in zip(sizes, kernel, dilations, strides)]
+    out = logical_shape(out_shape(jnp.shape(x), w_shape, strides, dilations, channels_last), channels_last)[2:]
     for offset in itertools.product(*(range(k) for k in kernel)):
         begin = [o * d for o, d in zip(offset, dilations)]
         limit = with_spatial(jnp.shape(x), channels_last, [b + (n - 1) * s + 1 for b, n, s in zip(begin, out, strides)])

@@ -115,8 +115,7 @@ def _serializable() -> bool:
 def _key(key_parts: Sequence[Any], values: Sequence[Any]) -> str:
     import jaxlib
 
-    types = [(tuple(np.shape(v)), str(jnp.result_type(v)), bool(getattr(jax.typeof(v), "weak_type", False)))
-             for v in values]
+    types = [(a.shape, str(a.dtype), a.weak_type) for a in _avals(values)]
     config = {name: str(getattr(jax.config, name, None)) for name in (
         "jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_rank_promotion", "jax_numpy_dtype_promotion",
         "jax_default_prng_impl", "jax_threefry_partitionable", "jax_softmax_custom_jvp")}
@@ -136,6 +135,12 @@ def _code_digest() -> str:
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+def _avals(values: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
+    """Each value's shape, dtype and weak type: what the exported pair is traced for and keyed by."""
+    return [jax.ShapeDtypeStruct(tuple(np.shape(v)), jnp.result_type(v),
+                                 weak_type=bool(getattr(jax.typeof(v), "weak_type", False))) for v in values]
 
 
 def _floating(value: Any) -> bool:
@@ -158,8 +163,7 @@ def _export(run, values, directory, key):
 
 def _exported_pair(run, values):
     wrt = [i for i, v in enumerate(values) if _floating(v)]
-    avals = [jax.ShapeDtypeStruct(np.shape(v), jnp.result_type(v),
-                                  weak_type=bool(getattr(jax.typeof(v), "weak_type", False))) for v in values]
+    avals = _avals(values)
     found: dict[str, Any] = {}
 
     def forward(*given):
@@ -196,7 +200,7 @@ def _exported_pair(run, values):
 
 def _call(entry, values):
     fwd, bwd, meta = entry
-    n, wrt, float_outputs = meta["outputs"], meta["wrt"], meta["float_outputs"]
+    wrt, float_outputs = meta["wrt"], meta["float_outputs"]
 
     @jax.custom_vjp
     def exported(*given):
@@ -214,9 +218,7 @@ def _call(entry, values):
         return tuple(out)
 
     exported.defvjp(exported_fwd, exported_bwd)
-    result = exported(*values)
-    assert len(result) == n
-    return result
+    return exported(*values)
 
 
 def _write(folder: pathlib.Path, key: str, blobs) -> None:

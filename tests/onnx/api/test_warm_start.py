@@ -209,7 +209,7 @@ def test_a_model_with_a_registered_operator_is_not_exported(warm_dir):
     optkit.onnx.register_op("com.example.warm", "Twice", lambda x: 2 * x)
     try:
         apply_fn, params = optkit.onnx.to_jax(model)
-        x = jnp.arange(3.0)
+        x = jnp.arange(3.0, dtype=jnp.float32)
         assert np.asarray(jax.jit(lambda x: apply_fn(params, x))(x)).tolist() == [0.0, 2.0, 4.0]
         optkit.onnx.register_op("com.example.warm", "Twice", lambda x: 3 * x, replace=True)
         apply_fn, params = optkit.onnx.to_jax(model)  # (a model's node functions are made when it is loaded)
