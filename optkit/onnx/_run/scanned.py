@@ -31,12 +31,8 @@ _log = logging.getLogger("optkit.onnx")
 def evaluate(graph: Graph, layers: Layers, feeds: Mapping[str, Any], outputs: Sequence[str]) -> dict[str, Any]:
     """:meth:`optkit.Graph.evaluate` with each run of ``layers`` that the outputs need as one ``jax.lax.scan``
     (its body under ``jax.checkpoint`` if ``layers.remat``)."""
-    env = dict(graph.initializers)
-    env.update(feeds)
-    for name, value in feeds.items():  # a stacked feed's layers, for blocks run unrolled (XLA drops unread ones)
-        if name.startswith(STACKED):
-            env.update((layer, value[k]) for k, layer in enumerate(stacked_names(name)))
-    names, plan = graph.plan(list(outputs), env)
+    env = _Env(graph.initializers, feeds)
+    names, plan = graph.plan(list(outputs), env.known())
     if layers.hoisted:  # (computed from the graph inputs alone: first, as find_layers ordered them)
         plan = [node for node in plan if node in layers.hoisted] + [node for node in plan if node not in layers.hoisted]
     wanted = set(plan)
@@ -76,12 +72,48 @@ class _Unrolled(Exception):
     """A single block: run as it is."""
 
 
-def _same_shapes(run: Run, env: Mapping[str, Any]) -> list[tuple[int, int]]:
+class _Env(dict):
+    """The evaluation's tensors by name. A stacked feed's layers (read by blocks that run unrolled) are sliced
+    from it when a node first reads them, not at every call: a scanned run reads the stacked feed itself."""
+
+    def __init__(self, initializers: Mapping[str, Any], feeds: Mapping[str, Any]):
+        super().__init__(initializers)
+        self.update(feeds)
+        self.layers = {layer: (name, k) for name in feeds if name.startswith(STACKED)
+                       for k, layer in enumerate(stacked_names(name))}
+        for layer in self.layers:  # (the stacked feed's value, not an initializer's or a feed's of that name)
+            self.pop(layer, None)
+
+    def known(self) -> list[str]:
+        """Every name a node can read: the values held and the stacked feeds' layers."""
+        return [*self, *self.layers]
+
+    def __missing__(self, name: str) -> Any:
+        if name not in self.layers:
+            raise KeyError(name)
+        stacked, k = self.layers[name]
+        value = self[name] = jax.lax.index_in_dim(self[stacked], k, keepdims=False)
+        return value
+
+    def __contains__(self, name: object) -> bool:
+        return dict.__contains__(self, name) or name in self.layers
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self else default
+
+    def aval(self, name: str) -> tuple[tuple[int, ...], Any]:
+        """The shape and dtype of ``name``'s value, a stacked feed's layer's without slicing it."""
+        if not dict.__contains__(self, name) and name in self.layers:
+            stacked = self[self.layers[name][0]]
+            return np.shape(stacked)[1:], jnp.result_type(stacked)
+        return np.shape(self[name]), jnp.result_type(self[name])
+
+
+def _same_shapes(run: Run, env: _Env) -> list[tuple[int, int]]:
     """The run's blocks cut where the per-layer inputs change shape or dtype (ResNet's stages), as
     ``(start, stop)`` ranges."""
     def signature(k):
-        return tuple((np.shape(env[names[k]]), jnp.result_type(env[names[k]])) if names[k] in env else None
-                     for names in run.layer_names)
+        return tuple(env.aval(names[k]) if names[k] in env else None for names in run.layer_names)
 
     cuts, start = [], 0
     for k in range(1, len(run.blocks) + 1):

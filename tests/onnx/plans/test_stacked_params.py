@@ -80,6 +80,10 @@ def test_the_program_reads_the_stacked_weights_without_stacking_them():
 
     assert concatenations(False) >= 3  # W, b and s stacked at every call (and unstacked on the way back)
     assert concatenations(True) == 0
+    # nor slices each layer's weights out of them (blocks run unrolled would read those; here none does)
+    fn, params = optkit.onnx.to_jax(model, outputs="y", scan_layers=True, stacked_params=True)
+    before_scan = str(jax.make_jaxpr(lambda p: fn(p, x, mask))(params)).split("= scan[")[0]
+    assert "= slice[" not in before_scan and "= squeeze[" not in before_scan
 
 
 def test_training_steps_equal_the_per_layer_ones_under_chain_and_inject_hyperparams():
