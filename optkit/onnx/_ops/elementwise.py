@@ -9,6 +9,8 @@ Python scalars (attributes) are weakly typed in JAX and keep the tensor's dtype.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import jax.scipy.special
@@ -69,7 +71,54 @@ OPS = Family("elementwise")
 @OPS.op("Mish", 18, 22, params=(lambda x: x * jnp.tanh(jnp.logaddexp(x, jnp.zeros((), jnp.result_type(x)))),),
         layout=ELEMENTWISE)
 def _one_function(ctx, fn):
-    return fn
+    host = _ON_HOST.get(fn)
+    if host is None:
+        return fn
+
+    def either(*values):
+        # Folded before running (every input a NumPy value: a causal mask built from shapes): the same computation
+        # in NumPy, bit for bit, instead of an XLA program compiled for each new shape.
+        cast = _on_host(values, selects=fn is jnp.where)
+        return fn(*values) if cast is None else _quietly(host, cast)
+
+    return either
+
+
+def _on_host(values, selects: bool) -> list | None:
+    """NumPy values cast to the dtypes jax.numpy computes in (int64 to int32 with x64 off, wrapping as JAX does)
+    where NumPy's function then gives JAX's values and dtype: integers or booleans of one dtype, or for Where a
+    boolean condition, then two values of one dtype (floats included: selection is exact); None otherwise."""
+    if not all(isinstance(v, (np.ndarray, np.generic)) for v in values):
+        return None
+    try:  # (computed before its size is checked: large results, and shapes that do not fit, as before)
+        if math.prod(np.broadcast_shapes(*(np.shape(v) for v in values))) > _HOST_ELEMENTS:
+            return None
+    except ValueError:
+        return None
+    cast = [np.asarray(v).astype(jax.dtypes.canonicalize_dtype(v.dtype), copy=False) for v in values]
+    if selects:
+        if cast[0].dtype != np.bool_:
+            return None
+    kinds = {v.dtype for v in cast[1:] if selects} or {v.dtype for v in cast}
+    return cast if len(kinds) == 1 and (selects or next(iter(kinds)).kind in "biu") else None
+
+
+# The largest result computed on the host: an attention mask of 1024 x 1024 (a larger one is compiled, as before).
+_HOST_ELEMENTS = 1 << 20
+
+
+def _quietly(host, values):
+    with np.errstate(all="ignore"):  # (integers wrap on overflow, as in XLA)
+        return host(*values)
+
+
+# The operators whose NumPy function computes the same values as the jax.numpy one, exactly on the values
+# _on_host admits: run with NumPy when folded.
+_ON_HOST = {jnp.logical_and: np.logical_and, jnp.logical_or: np.logical_or, jnp.logical_xor: np.logical_xor,
+            jnp.logical_not: np.logical_not, jnp.where: np.where, jnp.less: np.less, jnp.greater: np.greater,
+            jnp.less_equal: np.less_equal, jnp.greater_equal: np.greater_equal, jnp.equal: np.equal,
+            jnp.add: np.add, jnp.subtract: np.subtract, jnp.multiply: np.multiply, jnp.negative: np.negative,
+            jnp.abs: np.abs}
 
 
 @OPS.op("Equal", 7, 11, 13, 19)
@@ -77,7 +126,8 @@ def _equal(ctx):
     def equal(a, b):
         if is_string(a) or is_string(b):  # ONNX STRING tensors (version 19): compared on the host
             return np.equal(a, b).astype(bool)
-        return jnp.equal(a, b)
+        cast = _on_host((a, b), selects=False)
+        return jnp.equal(a, b) if cast is None else np.equal(*cast)
 
     return equal
 

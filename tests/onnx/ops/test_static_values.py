@@ -68,6 +68,75 @@ def test_traced_static_value_is_a_clear_error():
         fn(jnp.zeros(4, jnp.float32), jnp.array([2, 2]))
 
 
+def _causal_mask_model():
+    """Y = X + Where(mask, 0, -inf), the mask built from X's shape as exporters write it: Range, two Unsqueezes,
+    LessOrEqual, then And, Or, Xor and Not with constants (each leaving the mask as it is)."""
+    def const(name, value):
+        return helper.make_node("Constant", [], [name], value=helper.make_tensor(
+            name, helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype), np.shape(value),
+            np.asarray(value).ravel().tolist()))
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]), const("one", np.int64(1)), const("zero", np.int64(0)),
+        helper.make_node("Gather", ["s", "one"], ["t"]), helper.make_node("Range", ["zero", "t", "one"], ["r"]),
+        const("axis0", np.array([0], np.int64)), const("axis1", np.array([1], np.int64)),
+        helper.make_node("Unsqueeze", ["r", "axis0"], ["row"]), helper.make_node("Unsqueeze", ["r", "axis1"], ["col"]),
+        helper.make_node("LessOrEqual", ["row", "col"], ["m0"]), const("true", np.bool_(True)),
+        const("false", np.bool_(False)), helper.make_node("And", ["m0", "true"], ["m1"]),
+        helper.make_node("Or", ["m1", "false"], ["m2"]), helper.make_node("Xor", ["m2", "false"], ["m3"]),
+        helper.make_node("Not", ["m3"], ["m4"]), helper.make_node("Not", ["m4"], ["mask"]),
+        const("keep", np.float32(0.0)), const("drop", np.float32(-np.inf)),
+        helper.make_node("Where", ["mask", "keep", "drop"], ["bias"]), helper.make_node("Add", ["x", "bias"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "g", [_info("x", np.float32, ["N", "T", "T"])],
+                              [_info("y", np.float32, ["N", "T", "T"])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_folded_mask_is_computed_on_the_host(caplog):
+    """Comparisons, logic and Where on values known before running are folded with NumPy: the same mask, and no
+    XLA program compiled for them while the caller's step is traced (one per operator and shape before)."""
+    apply_fn, params = optkit.onnx.to_jax(_causal_mask_model())
+    x = RNG.normal(size=(2, 13, 13)).astype(np.float32)
+    expected = x + np.where(np.tril(np.ones((13, 13), bool)), np.float32(0), np.float32(-np.inf))
+    with jax.log_compiles(True), caplog.at_level("WARNING"):
+        traced = jax.jit(apply_fn).trace(params, x)
+    compiled = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
+    assert not [m for m in compiled if any(f"jit({op})" in m for op in (
+        "logical_and", "logical_or", "logical_xor", "logical_not", "less_equal", "_where", "where"))], compiled
+    np.testing.assert_array_equal(traced.lower().compile()(params, x), expected)
+    np.testing.assert_array_equal(apply_fn(params, jnp.asarray(x)), expected)
+
+
+@pytest.mark.parametrize("x64", [False, True], ids=["x64_off", "x64_on"])
+@pytest.mark.parametrize("dtype", [np.bool_, np.uint8, np.int32, np.int64, np.float32, np.float64])
+def test_folding_on_the_host_equals_jax_numpy_bit_for_bit(dtype, x64):
+    """Each operator folded with NumPy gives jax.numpy's values and dtype (int64 wrapping to int32 with x64 off, as
+    JAX converts it; integers wrapping on overflow) or is left to jax.numpy (floats outside Where)."""
+    from optkit.onnx._ops import elementwise
+
+    info = np.iinfo(dtype) if np.dtype(dtype).kind in "iu" else None
+    low, high = (info.min, info.max) if info else (-3, 3)
+    a = np.concatenate([[low, high, 0], RNG.integers(low, high, 9, endpoint=True)]).astype(dtype).reshape(3, 4)
+    b = np.concatenate([[high, -1 if low < 0 else 1, low], RNG.integers(low, high, 1, endpoint=True)]).astype(dtype)
+    cond = RNG.random((3, 1)) < 0.5
+    with jax.enable_x64(x64):
+        for fn, host in elementwise._ON_HOST.items():
+            args = (cond, a, b) if fn is jnp.where else (a,) if fn in (jnp.logical_not, jnp.negative, jnp.abs) \
+                else (a, b)
+            try:
+                want = np.asarray(fn(*args))
+            except TypeError:  # (JAX refuses the dtype for this function: so must the fold)
+                with pytest.raises(TypeError):
+                    elementwise._one_function(None, fn)(*args)
+                continue
+            got = elementwise._one_function(None, fn)(*args)
+            assert isinstance(got, (np.ndarray, np.generic)) == (
+                elementwise._on_host(args, selects=fn is jnp.where) is not None)
+            assert np.asarray(got).dtype == want.dtype, fn.__name__
+            np.testing.assert_array_equal(got, want, err_msg=fn.__name__)
+
+
 @pytest.mark.parametrize("jit", JIT)
 def test_initializer_is_a_default_that_a_feed_overrides(jit):
     """ONNX IR: a graph input with an initializer of the same name may be left unfed."""
