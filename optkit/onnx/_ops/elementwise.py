@@ -178,6 +178,13 @@ def _pow(ctx):
         x_dtype = jnp.result_type(x)
         y_dtype = jnp.result_type(y)
         # The result has the base's type (Pow-12 allows a different exponent type).
+        if jnp.issubdtype(x_dtype, jnp.floating) and np.size(y) == 1 and isinstance(y, (np.ndarray, np.generic)) \
+                and float(np.ravel(y)[0]) in (2.0, 3.0):
+            # ONNX Runtime's kernel: x * x and x * x * x for one exponent of 2 or 3, not pow (also fewer operations
+            # for XLA to compile and differentiate)
+            out = x * x if float(np.ravel(y)[0]) == 2.0 else x * x * x
+            shape = jnp.broadcast_shapes(jnp.shape(x), np.shape(y))
+            return out if jnp.shape(out) == shape else jnp.broadcast_to(out, shape)
         if jnp.issubdtype(x_dtype, jnp.integer) and jnp.issubdtype(y_dtype, jnp.floating):
             return jnp.power(jnp.asarray(x).astype(y_dtype), y).astype(x_dtype)
         return jnp.power(x, jnp.asarray(y).astype(x_dtype))
