@@ -79,7 +79,10 @@ def _one_function(ctx, fn):
         # Folded before running (every input a NumPy value: a causal mask built from shapes): the same computation
         # in NumPy, bit for bit, instead of an XLA program compiled for each new shape.
         cast = _on_host(values, selects=fn is jnp.where)
-        return fn(*values) if cast is None else _quietly(host, cast)
+        if cast is None:
+            return fn(*values)
+        with np.errstate(all="ignore"):  # (integers wrap on overflow, as in XLA)
+            return host(*cast)
 
     return either
 
@@ -105,11 +108,6 @@ def _on_host(values, selects: bool) -> list | None:
 
 # The largest result computed on the host: an attention mask of 1024 x 1024 (a larger one is compiled, as before).
 _HOST_ELEMENTS = 1 << 20
-
-
-def _quietly(host, values):
-    with np.errstate(all="ignore"):  # (integers wrap on overflow, as in XLA)
-        return host(*values)
 
 
 # The operators whose NumPy function computes the same values as the jax.numpy one, exactly on the values
