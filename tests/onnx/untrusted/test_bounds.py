@@ -335,7 +335,9 @@ def test_one_gradient_node_with_16000_xs_over_a_16000_node_chain_loads_in_second
     model = _model(nodes, [_float(x, [1]) for x in xs], [_float("d0", [1])])
     start = time.perf_counter()
     optkit.onnx.prepare(model)
-    assert time.perf_counter() - start < 20  # 129 s before (the independence check walked once per name)
+    # 129 s before (the independence check walked once per name); 8 s alone, 20.3 s beside the full suite's other
+    # worker on a machine losing a quarter of its CPU: a bound that catches the quadratic walk, not a timing
+    assert time.perf_counter() - start < 45
 
 
 def test_dependent_xs_are_still_named_by_the_one_walk():
