@@ -17,7 +17,7 @@ import jax.scipy.special
 import numpy as np
 from jax import lax
 
-from optkit.onnx._base.values import is_string, onnx_dtype, storage_bits
+from optkit.onnx._base.values import is_static, is_string, onnx_dtype, storage_bits
 from optkit.onnx._ops._cast import cast_to
 from optkit.onnx._ops._common import is_integer
 from optkit.onnx._ops._registry import ELEMENTWISE, Family, Float16, Fusion, Layout
@@ -91,7 +91,7 @@ def _on_host(values, selects: bool) -> list | None:
     """NumPy values cast to the dtypes jax.numpy computes in (int64 to int32 with x64 off, wrapping as JAX does)
     where NumPy's function then gives JAX's values and dtype: integers or booleans of one dtype, or for Where a
     boolean condition, then two values of one dtype (floats included: selection is exact); None otherwise."""
-    if not all(isinstance(v, (np.ndarray, np.generic)) for v in values):
+    if not all(is_static(v) for v in values):
         return None
     try:  # (computed before its size is checked: large results, and shapes that do not fit, as before)
         if math.prod(np.broadcast_shapes(*(np.shape(v) for v in values))) > _HOST_ELEMENTS:
@@ -99,10 +99,9 @@ def _on_host(values, selects: bool) -> list | None:
     except ValueError:
         return None
     cast = [np.asarray(v).astype(jax.dtypes.canonicalize_dtype(v.dtype), copy=False) for v in values]
-    if selects:
-        if cast[0].dtype != np.bool_:
-            return None
-    kinds = {v.dtype for v in cast[1:] if selects} or {v.dtype for v in cast}
+    if selects and cast[0].dtype != np.bool_:
+        return None
+    kinds = {v.dtype for v in (cast[1:] if selects else cast)}
     return cast if len(kinds) == 1 and (selects or next(iter(kinds)).kind in "biu") else None
 
 
@@ -176,11 +175,11 @@ def _pow(ctx):
         x_dtype = jnp.result_type(x)
         y_dtype = jnp.result_type(y)
         # The result has the base's type (Pow-12 allows a different exponent type).
-        if jnp.issubdtype(x_dtype, jnp.floating) and np.size(y) == 1 and isinstance(y, (np.ndarray, np.generic)) \
-                and float(np.ravel(y)[0]) in (2.0, 3.0):
+        exponent = float(np.ravel(y)[0]) if is_static(y) and np.size(y) == 1 else None
+        if jnp.issubdtype(x_dtype, jnp.floating) and exponent in (2.0, 3.0):
             # ONNX Runtime's kernel: x * x and x * x * x for one exponent of 2 or 3, not pow (also fewer operations
             # for XLA to compile and differentiate)
-            out = x * x if float(np.ravel(y)[0]) == 2.0 else x * x * x
+            out = x * x if exponent == 2.0 else x * x * x
             shape = jnp.broadcast_shapes(jnp.shape(x), np.shape(y))
             return out if jnp.shape(out) == shape else jnp.broadcast_to(out, shape)
         if jnp.issubdtype(x_dtype, jnp.integer) and jnp.issubdtype(y_dtype, jnp.floating):
